@@ -1,0 +1,345 @@
+"""seal, verify and read_manifest: list, hash, compare. Storage goes through ``storage``,
+the rules of digests through ``hashing``, the format through ``manifest``."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import fsspec
+from fsspec.callbacks import Callback
+
+from . import storage
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError
+from .hashing import (
+    DEFAULT_ALGORITHM,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_GRANULARITY,
+    Unit,
+    check_granularity,
+    chunk_range,
+    file_digest,
+    new_hasher,
+    plan_units,
+)
+from .manifest import MANIFEST_FILENAME, Manifest
+
+ProblemKind = Literal["mismatch", "missing", "size", "extra"]
+URL = str | os.PathLike[str]
+
+#: Concurrent reads on object stores, where latency, not the CPU, is the limit.
+REMOTE_WORKERS = 16
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way the checkpoint differs from its manifest.
+
+    ``expected``/``actual`` are digests for ``"mismatch"``, byte counts for ``"size"``, the
+    expected digest and ``None`` for ``"missing"``, ``None`` and the size for ``"extra"``.
+    ``byte_ranges`` lists the ``[start, end)`` ranges that differ, for chunk manifests.
+    """
+
+    path: str
+    kind: ProblemKind
+    expected: str | int | None = None
+    actual: str | int | None = None
+    byte_ranges: tuple[tuple[int, int], ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "missing":
+            return f"{self.path}: missing"
+        if self.kind == "extra":
+            return f"{self.path}: extra (not in the manifest)"
+        if self.kind == "size":
+            return f"{self.path}: size (expected {self.expected} bytes, found {self.actual})"
+        where = ""
+        if self.byte_ranges:
+            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in self.byte_ranges)
+        return f"{self.path}: mismatch{where} (expected {self.expected}, found {self.actual})"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["byte_ranges"] = [list(r) for r in self.byte_ranges]
+        return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """The outcome of a verification. ``ok`` is True exactly when ``problems`` is empty."""
+
+    problems: tuple[Problem, ...] = ()
+    extra: tuple[str, ...] = ()
+    files_checked: int = 0
+    bytes_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "problems": [p.to_dict() for p in self.problems],
+            "extra": list(self.extra),
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+        }
+
+
+def read_manifest(
+    url: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+) -> Manifest:
+    """Read and validate the manifest of the checkpoint at ``url``; nothing else is read."""
+    fs_, root = storage.resolve(url, storage_options, fs)
+    return load_manifest(fs_, root)
+
+
+def load_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
+    path = storage.join(root, MANIFEST_FILENAME)
+    try:
+        raw = storage.read_file(fs, path)
+    except FileNotFoundError as exc:
+        raise ManifestNotFoundError(
+            f"no {MANIFEST_FILENAME} at {storage.describe(fs, root)}: the checkpoint was never sealed"
+        ) from exc
+    except IsADirectoryError as exc:
+        raise ManifestError(f"{path} is a directory, not a manifest") from exc
+    try:
+        return Manifest.from_json(raw)
+    except ManifestError as exc:
+        raise ManifestError(f"{storage.describe(fs, root)}/{MANIFEST_FILENAME}: {exc}") from exc
+
+
+def seal(
+    url: URL,
+    *,
+    algorithm: str = DEFAULT_ALGORITHM,
+    granularity: str = DEFAULT_GRANULARITY,
+    chunk_size: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+) -> Manifest:
+    """Hash every file under ``url`` and write the manifest beside them, last and atomically.
+
+    A seal that fails part-way writes nothing: an earlier manifest stays as it was.
+    """
+    chunk_size = check_seal_options(algorithm, granularity, chunk_size)
+    fs_, root = storage.resolve(url, storage_options, fs)
+    sizes = storage.list_files(fs_, root)
+    units = plan_units(granularity, sizes, chunk_size)
+    digests = hash_units(fs_, root, algorithm, units, max_workers=max_workers, callback=callback)
+    if None in digests.values():
+        gone = sorted({u.name for u, d in digests.items() if d is None})
+        raise FileNotFoundError(f"files vanished while sealing {storage.describe(fs_, root)}: {', '.join(gone)}")
+    manifest = build_manifest(algorithm, granularity, chunk_size, sizes, digests)
+    write_manifest(fs_, root, manifest)
+    return manifest
+
+
+def check_seal_options(algorithm: str, granularity: str, chunk_size: int | None) -> int | None:
+    """Validate seal options; returns the chunk size to use (None for file granularity)."""
+    new_hasher(algorithm)
+    check_granularity(granularity)
+    if granularity != "chunk":
+        if chunk_size is not None:
+            raise ValueError(f"chunk_size applies only to granularity='chunk', not {granularity!r}")
+        return None
+    if chunk_size is None:
+        return DEFAULT_CHUNK_SIZE
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, not {chunk_size!r}")
+    return chunk_size
+
+
+def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> None:
+    storage.write_atomic(fs, storage.join(root, MANIFEST_FILENAME), manifest.to_json())
+
+
+def build_manifest(
+    algorithm: str,
+    granularity: str,
+    chunk_size: int | None,
+    sizes: Mapping[str, int],
+    digests: Mapping[Unit, str | None],
+) -> Manifest:
+    """The manifest for files of ``sizes`` whose units hashed to ``digests``."""
+    by_file = _digests_by_file(digests)
+    files = {name: file_digest(algorithm, granularity, by_file[name]) for name in sizes}
+    chunks = {name: tuple(by_file[name]) for name in sizes} if granularity == "chunk" else None
+    return Manifest(
+        files=files,
+        sizes=dict(sizes),
+        algorithm=algorithm,
+        granularity=granularity,
+        chunk_size=chunk_size,
+        chunks=chunks,
+    )
+
+
+def _digests_by_file(digests: Mapping[Unit, str | None]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for unit in sorted(digests, key=lambda u: (u.name, u.index)):
+        digest = digests[unit]
+        if digest is not None:
+            out.setdefault(unit.name, []).append(digest)
+    return out
+
+
+def verify(
+    url: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+    strict: bool = False,
+    quick: bool = False,
+) -> Report:
+    """Check the checkpoint at ``url`` against its manifest; raise on any problem.
+
+    Raises ``ManifestNotFoundError`` when there is no manifest, ``ManifestError`` when it is
+    invalid, ``IntegrityError`` (with every problem in its report) when content differs, and
+    ``OSError`` when storage fails. ``quick`` compares names and sizes from a listing only.
+    ``strict`` makes files absent from the manifest problems too.
+    """
+    fs_, root = storage.resolve(url, storage_options, fs)
+    manifest = load_manifest(fs_, root)
+    listing = storage.list_files(fs_, root)
+    plan = plan_verification(manifest, listing, strict=strict, quick=quick)
+    digests = hash_units(fs_, root, manifest.algorithm, plan.units, max_workers=max_workers, callback=callback)
+    report = finish_verification(manifest, plan, digests)
+    if not report.ok:
+        raise IntegrityError(report, storage.describe(fs_, root))
+    return report
+
+
+@dataclass(frozen=True)
+class VerificationPlan:
+    """What a listing already shows, and the units left to hash."""
+
+    problems: tuple[Problem, ...]
+    extra: tuple[str, ...]
+    sizes: Mapping[str, int]  # files to hash: present, and of the manifest's size
+    units: tuple[Unit, ...]
+
+
+def plan_verification(
+    manifest: Manifest, listing: Mapping[str, int], *, strict: bool = False, quick: bool = False
+) -> VerificationPlan:
+    """Compare names and sizes; plan the hashing of every file that passes (none if ``quick``)."""
+    problems: list[Problem] = []
+    sizes: dict[str, int] = {}
+    for name, digest in manifest.files.items():
+        if name not in listing:
+            problems.append(Problem(name, "missing", expected=digest))
+            continue
+        expected = listing[name] if manifest.sizes is None else manifest.sizes[name]
+        if listing[name] != expected:
+            problems.append(Problem(name, "size", expected=expected, actual=listing[name]))
+            continue
+        sizes[name] = expected
+    extra = tuple(name for name in listing if name not in manifest.files)
+    if strict:
+        problems.extend(Problem(name, "extra", actual=listing[name]) for name in extra)
+    units = () if quick else tuple(plan_units(manifest.granularity, sizes, manifest.chunk_size))
+    return VerificationPlan(tuple(problems), extra, sizes, units)
+
+
+def finish_verification(
+    manifest: Manifest, plan: VerificationPlan, digests: Mapping[Unit, str | None]
+) -> Report:
+    """The report once ``plan.units`` have been hashed to ``digests`` (``None``: file vanished)."""
+    problems = list(plan.problems)
+    hashed = {u.name for u in plan.units}
+    vanished = {u.name for u, d in digests.items() if d is None}
+    by_file = _digests_by_file(digests)
+    for name in sorted(hashed):
+        expected = manifest.files[name]
+        if name in vanished:
+            problems.append(Problem(name, "missing", expected=expected))
+            continue
+        actual = file_digest(manifest.algorithm, manifest.granularity, by_file[name])
+        if actual == expected:
+            continue
+        ranges: tuple[tuple[int, int], ...] = ()
+        if manifest.chunks is not None and manifest.chunk_size is not None:
+            size = plan.sizes[name]
+            ranges = tuple(
+                chunk_range(size, manifest.chunk_size, i)
+                for i, (want, got) in enumerate(zip(manifest.chunks[name], by_file[name]))
+                if want != got
+            )
+        problems.append(Problem(name, "mismatch", expected=expected, actual=actual, byte_ranges=ranges))
+    problems.sort(key=lambda p: (p.path, p.kind))
+    missing = sum(1 for p in problems if p.kind == "missing")
+    return Report(
+        problems=tuple(problems),
+        extra=plan.extra,
+        files_checked=len(manifest.files) - missing,
+        bytes_checked=sum(u.length for u, d in digests.items() if d is not None),
+    )
+
+
+def default_workers(fs: fsspec.AbstractFileSystem) -> int:
+    return (os.cpu_count() or 1) if storage.is_local(fs) else REMOTE_WORKERS
+
+
+def hash_units(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    algorithm: str,
+    units: Iterable[Unit],
+    *,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+) -> dict[Unit, str | None]:
+    """Digest of every unit, hashed concurrently, largest first; ``None`` for a vanished file.
+
+    The first storage failure cancels the rest and is raised.
+    """
+    todo = sorted(units, key=lambda u: -u.length)
+    if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
+        raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
+    workers = min(max_workers or default_workers(fs), max(1, len(todo)))
+    progress = _progress(callback, sum(u.length for u in todo))
+
+    def one(unit: Unit) -> str | None:
+        try:
+            return storage.hash_range(fs, storage.join(root, unit.name), algorithm, unit.offset, unit.length, progress)
+        except FileNotFoundError:
+            return None
+
+    if workers == 1:
+        return {unit: one(unit) for unit in todo}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="integrity_fs") as pool:
+        futures = {pool.submit(one, unit): unit for unit in todo}
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in done:
+            if future.exception() is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise future.exception()  # type: ignore[misc]
+        return {futures[f]: f.result() for f in futures}
+
+
+def _progress(callback: Callback | None, total: int) -> storage.ProgressFn | None:
+    """A thread-safe ``relative_update`` on ``callback``, after telling it the total."""
+    if callback is None:
+        return None
+    callback.set_size(total)
+    lock = threading.Lock()
+
+    def update(n: int) -> None:
+        with lock:
+            callback.relative_update(n)
+
+    return update

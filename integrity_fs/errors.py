@@ -1,0 +1,53 @@
+"""The exceptions integrity_fs raises, one root per failure family.
+
+- content does not match the manifest: :class:`IntegrityError` (carries the full report);
+- no manifest at all: :class:`ManifestNotFoundError` (a ``FileNotFoundError``);
+- the manifest cannot be trusted as a description: :class:`ManifestError` (a ``ValueError``);
+- storage failed: a built-in ``OSError``, never one of the above.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core import Report
+
+_MAX_NAMED = 10
+
+
+class IntegrityError(Exception):
+    """The checkpoint's content does not match its manifest.
+
+    ``report`` holds every problem found; the message names each bad file (the first
+    ten, then a count).
+    """
+
+    def __init__(self, report: Report, location: str = "") -> None:
+        self.report = report
+        self.location = location
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        problems = self.report.problems
+        where = f" at {self.location}" if self.location else ""
+        lines = [str(p) for p in problems[:_MAX_NAMED]]
+        if len(problems) > _MAX_NAMED:
+            lines.append(f"... and {len(problems) - _MAX_NAMED} more")
+        noun = "problem" if len(problems) == 1 else "problems"
+        return f"checkpoint{where} failed verification, {len(problems)} {noun}: " + "; ".join(lines)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.report, self.location))
+
+
+#: The seed's name for :class:`IntegrityError`, kept so seed-era ``except`` clauses still work.
+CheckpointingException = IntegrityError
+
+
+class ManifestNotFoundError(FileNotFoundError):
+    """There is no manifest where one was expected."""
+
+
+class ManifestError(ValueError):
+    """The manifest is unreadable or invalid; the message says what is wrong."""

@@ -1,0 +1,123 @@
+"""Pure hashing rules: which algorithms exist, which granularities exist, how chunks combine.
+
+Adding an algorithm is one entry in ``ALGORITHMS``; adding a granularity is one entry in
+``GRANULARITIES`` plus its planner in ``core``. Call sites never branch on names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+    def hexdigest(self) -> str: ...
+    def digest(self) -> bytes: ...
+
+
+ALGORITHMS: dict[str, Callable[[], Hasher]] = {
+    "sha256": hashlib.sha256,
+}
+
+DEFAULT_ALGORITHM = "sha256"
+DEFAULT_GRANULARITY = "file"
+DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024
+
+
+def new_hasher(algorithm: str) -> Hasher:
+    """A fresh hasher for ``algorithm``; ``NotImplementedError`` for an unknown name."""
+    try:
+        factory = ALGORITHMS[algorithm]
+    except (KeyError, TypeError):
+        raise NotImplementedError(
+            f"unsupported hash algorithm {algorithm!r} (supported: {', '.join(sorted(ALGORITHMS))})"
+        ) from None
+    return factory()
+
+
+def hex_length(algorithm: str) -> int:
+    """How many hex characters a digest of ``algorithm`` has."""
+    return len(new_hasher(algorithm).hexdigest())
+
+
+def check_granularity(granularity: str) -> None:
+    if granularity not in GRANULARITIES:
+        raise NotImplementedError(
+            f"unsupported granularity {granularity!r} (supported: {', '.join(GRANULARITIES)})"
+        )
+
+
+def chunk_count(size: int, chunk_size: int) -> int:
+    """Number of chunks of a file of ``size`` bytes; an empty file is one (empty) chunk."""
+    return max(1, -(-size // chunk_size))
+
+
+def chunk_range(size: int, chunk_size: int, index: int) -> tuple[int, int]:
+    """Byte range ``[start, end)`` of chunk ``index`` of a file of ``size`` bytes."""
+    start = index * chunk_size
+    return start, min(size, start + chunk_size)
+
+
+def combine_chunk_digests(algorithm: str, chunk_digests: Sequence[str]) -> str:
+    """The file digest of a chunked file: the hash of its chunk digests' raw bytes, in order."""
+    hasher = new_hasher(algorithm)
+    for hexdigest in chunk_digests:
+        hasher.update(bytes.fromhex(hexdigest))
+    return hasher.hexdigest()
+
+
+class Unit(NamedTuple):
+    """One independently hashed byte range: chunk ``index`` of file ``name``."""
+
+    name: str
+    index: int
+    offset: int
+    length: int
+
+
+def _plan_file(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
+    return [Unit(name, 0, 0, size) for name, size in sizes.items()]
+
+
+def _plan_chunks(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
+    assert chunk_size is not None and chunk_size > 0
+    units = []
+    for name, size in sizes.items():
+        for index in range(chunk_count(size, chunk_size)):
+            start, end = chunk_range(size, chunk_size, index)
+            units.append(Unit(name, index, start, end - start))
+    return units
+
+
+def _digest_file(algorithm: str, digests: Sequence[str]) -> str:
+    (digest,) = digests
+    return digest
+
+
+#: granularity -> (split files into units, turn a file's unit digests into its file digest)
+_PLANNERS: dict[str, Callable[[Mapping[str, int], int | None], list[Unit]]] = {
+    "file": _plan_file,
+    "chunk": _plan_chunks,
+}
+_COMBINERS: dict[str, Callable[[str, Sequence[str]], str]] = {
+    "file": _digest_file,
+    "chunk": combine_chunk_digests,
+}
+
+#: "file": one digest of each file's bytes. "chunk": one digest per fixed-size chunk,
+#: and a file digest derived from them (see :func:`combine_chunk_digests`).
+GRANULARITIES: tuple[str, ...] = tuple(_PLANNERS)
+
+
+def plan_units(granularity: str, sizes: Mapping[str, int], chunk_size: int | None = None) -> list[Unit]:
+    """The units to hash for files of the given sizes, in file then chunk order."""
+    check_granularity(granularity)
+    return _PLANNERS[granularity](sizes, chunk_size)
+
+
+def file_digest(algorithm: str, granularity: str, unit_digests: Sequence[str]) -> str:
+    """A file's digest from its units' digests, in chunk order."""
+    check_granularity(granularity)
+    return _COMBINERS[granularity](algorithm, unit_digests)

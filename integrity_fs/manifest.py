@@ -1,0 +1,200 @@
+"""The manifest: a pure, immutable value with one canonical JSON form. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .errors import ManifestError
+from .hashing import (
+    DEFAULT_ALGORITHM,
+    DEFAULT_GRANULARITY,
+    check_granularity,
+    chunk_count,
+    combine_chunk_digests,
+    hex_length,
+)
+
+MANIFEST_FILENAME = "_integrity_manifest.json"
+VERSION = 1
+
+_HEX = re.compile(r"[0-9a-f]+")
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it is a safe relative POSIX path inside the root, else raise ManifestError.
+
+    Refused: non-strings, empty names, absolute paths, backslashes, NUL, ``.``/``..``/empty
+    segments, and the manifest's own name at the root.
+    """
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"file name {name!r} is not a non-empty string")
+    if "\\" in name or "\x00" in name:
+        raise ManifestError(f"file name {name!r} contains a backslash or NUL")
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        raise ManifestError(f"file name {name!r} is absolute; names must be relative to the root")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise ManifestError(f"file name {name!r} has an empty, '.' or '..' segment")
+    if name == MANIFEST_FILENAME:
+        raise ManifestError(f"the manifest must not list itself ({name!r})")
+    return name
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(sorted(mapping.items())))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a sealed checkpoint contains: a digest (and size) per file, and how they were made.
+
+    ``files`` maps each POSIX name relative to the root to its lowercase hex digest. ``sizes``
+    is ``None`` for seed-era manifests. With ``granularity="chunk"``, ``chunks`` holds each
+    file's chunk digests and ``chunk_size`` their length in bytes.
+    """
+
+    files: Mapping[str, str]
+    sizes: Mapping[str, int] | None = None
+    algorithm: str = DEFAULT_ALGORITHM
+    granularity: str = DEFAULT_GRANULARITY
+    version: int = VERSION
+    chunk_size: int | None = None
+    chunks: Mapping[str, tuple[str, ...]] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "files", _frozen(self.files))
+        if self.sizes is not None:
+            set_(self, "sizes", _frozen(self.sizes))
+        if self.chunks is not None:
+            set_(self, "chunks", _frozen({k: tuple(v) for k, v in self.chunks.items()}))
+        _validate(self)
+
+    @property
+    def total_bytes(self) -> int | None:
+        """Sum of ``sizes``, or ``None`` for a manifest without sizes."""
+        return None if self.sizes is None else sum(self.sizes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict; optional keys appear only when set."""
+        out: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "files": dict(self.files),
+            "granularity": self.granularity,
+            "version": self.version,
+        }
+        if self.sizes is not None:
+            out["sizes"] = dict(self.sizes)
+        if self.chunk_size is not None:
+            out["chunk_size"] = self.chunk_size
+        if self.chunks is not None:
+            out["chunks"] = {k: list(v) for k, v in self.chunks.items()}
+        return out
+
+    def to_json(self) -> bytes:
+        """Canonical bytes: sorted keys, two-space indent, UTF-8, trailing newline."""
+        text = json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=False)
+        return (text + "\n").encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, data: object) -> Manifest:
+        """Build and validate from a parsed JSON value. Unknown keys are ignored."""
+        if not isinstance(data, dict):
+            raise ManifestError(f"manifest must be a JSON object, not {type(data).__name__}")
+        for key in ("version", "algorithm", "granularity", "files"):
+            if key not in data:
+                raise ManifestError(f"manifest has no {key!r} key")
+        files = data["files"]
+        if not isinstance(files, dict):
+            raise ManifestError("'files' must be an object mapping names to digests")
+        sizes = data.get("sizes")
+        if sizes is not None and not isinstance(sizes, dict):
+            raise ManifestError("'sizes' must be an object mapping names to byte counts")
+        chunks = data.get("chunks")
+        if chunks is not None:
+            if not isinstance(chunks, dict) or not all(isinstance(v, list) for v in chunks.values()):
+                raise ManifestError("'chunks' must be an object mapping names to lists of digests")
+        return cls(
+            files=files,
+            sizes=sizes,
+            algorithm=data["algorithm"],
+            granularity=data["granularity"],
+            version=data["version"],
+            chunk_size=data.get("chunk_size"),
+            chunks=chunks,
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Manifest:
+        """Parse manifest bytes; ``ManifestError`` says what is wrong with them."""
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+            data = json.loads(text)
+        except UnicodeDecodeError as e:
+            raise ManifestError(f"manifest is not UTF-8: {e}") from e
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"manifest is not valid JSON: {e}") from e
+        except RecursionError as e:
+            raise ManifestError("manifest JSON is nested too deeply") from e
+        return cls.from_dict(data)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate(m: Manifest) -> None:
+    if not _is_int(m.version):
+        raise ManifestError(f"'version' must be an integer, not {m.version!r}")
+    if m.version != VERSION:
+        raise ManifestError(f"manifest version {m.version} is not supported (this reader knows {VERSION})")
+    if not isinstance(m.algorithm, str):
+        raise ManifestError(f"'algorithm' must be a string, not {m.algorithm!r}")
+    if not isinstance(m.granularity, str):
+        raise ManifestError(f"'granularity' must be a string, not {m.granularity!r}")
+    length = hex_length(m.algorithm)  # NotImplementedError for an unknown algorithm
+    check_granularity(m.granularity)
+
+    def check_digest(where: str, digest: object) -> None:
+        if not isinstance(digest, str) or len(digest) != length or not _HEX.fullmatch(digest):
+            raise ManifestError(
+                f"{where}: {digest!r} is not a {m.algorithm} digest ({length} lowercase hex characters)"
+            )
+
+    for name, digest in m.files.items():
+        check_name(name)
+        check_digest(f"digest of {name!r}", digest)
+    if m.sizes is not None:
+        if set(m.sizes) != set(m.files):
+            raise ManifestError("'sizes' must name exactly the files of 'files'")
+        for name, size in m.sizes.items():
+            if not _is_int(size) or size < 0:
+                raise ManifestError(f"size of {name!r} must be a non-negative integer, not {size!r}")
+    if m.granularity == "chunk":
+        _validate_chunks(m, check_digest)
+    elif m.chunks is not None or m.chunk_size is not None:
+        raise ManifestError(f"'chunks' and 'chunk_size' belong only to chunk granularity, not {m.granularity!r}")
+
+
+def _validate_chunks(m: Manifest, check_digest: Any) -> None:
+    if not _is_int(m.chunk_size) or m.chunk_size is None or m.chunk_size <= 0:
+        raise ManifestError(f"chunk granularity needs a positive integer 'chunk_size', not {m.chunk_size!r}")
+    if m.sizes is None or m.chunks is None:
+        raise ManifestError("chunk granularity needs 'sizes' and 'chunks'")
+    if set(m.chunks) != set(m.files):
+        raise ManifestError("'chunks' must name exactly the files of 'files'")
+    for name, digests in m.chunks.items():
+        expected = chunk_count(m.sizes[name], m.chunk_size)
+        if len(digests) != expected:
+            raise ManifestError(
+                f"{name!r} has {len(digests)} chunk digests; its size and chunk_size call for {expected}"
+            )
+        for i, digest in enumerate(digests):
+            check_digest(f"chunk {i} of {name!r}", digest)
+        if combine_chunk_digests(m.algorithm, digests) != m.files[name]:
+            raise ManifestError(f"digest of {name!r} does not match its chunk digests")

@@ -1,0 +1,263 @@
+"""The only module that talks to fsspec: resolve a URL, list files, read exact byte ranges,
+write the manifest atomically, and turn backend-specific failures into ``OSError``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from .hashing import new_hasher
+from .manifest import MANIFEST_FILENAME
+
+log = logging.getLogger("integrity_fs")
+
+#: Read size for hashing: big enough to amortise calls, small enough to stay in CPU cache.
+BLOCK_SIZE = 1024 * 1024
+#: Ranged-read size on object stores: each request fetches this much ahead.
+REMOTE_BLOCK_SIZE = 8 * 1024 * 1024
+#: Attempts for a read that fails transiently (connection reset, timeout, short read).
+READ_ATTEMPTS = 3
+_RETRY_DELAY_S = 0.2
+
+# Exceptions from these packages are storage failures and are re-raised as OSError.
+_BACKEND_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "google", "requests", "urllib3")
+
+ProgressFn = Callable[[int], None]
+
+
+class ShortReadError(OSError):
+    """Storage delivered fewer bytes than it said the file holds."""
+
+
+def _is_backend_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.split(".")[0] in _BACKEND_MODULES
+
+
+@contextlib.contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Re-raise backend exceptions (botocore, gcsfs, aiohttp, ...) as ``OSError`` naming ``what``."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as exc:
+        if _is_backend_error(exc):
+            raise OSError(f"storage error while {what}: {type(exc).__name__}: {exc}") from exc
+        raise
+
+
+def resolve(
+    url: str | os.PathLike[str],
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and root path for ``url`` (a path inside ``fs`` when ``fs`` is given)."""
+    if not isinstance(url, (str, os.PathLike)):
+        raise TypeError(f"url must be a string or os.PathLike, not {type(url).__name__}")
+    text = os.fspath(url)
+    if not text:
+        raise ValueError("url is empty")
+    if fs is None:
+        with storage_errors(f"opening {text}"):
+            fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+    else:
+        if storage_options:
+            raise ValueError("pass either fs= or storage_options=, not both")
+        root = fs._strip_protocol(text)
+    if is_local(fs):
+        root = os.path.abspath(root)
+    elif root not in ("/", ""):
+        root = root.rstrip("/")
+    return fs, root
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}"
+
+
+def describe(fs: fsspec.AbstractFileSystem, root: str) -> str:
+    """A URL for messages: ``s3://bucket/run`` or a plain local path."""
+    if is_local(fs):
+        return root
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    return f"{protocol}://{root.lstrip('/') if protocol != 'memory' else root}"
+
+
+def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
+    """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
+
+    The root's manifest is left out. On local disks, symlinks are never followed out of the
+    root: a link whose target lies outside is skipped (and logged), and linked directories
+    are not descended.
+    """
+    if is_local(fs):
+        return _list_local(root)
+    with storage_errors(f"listing {describe(fs, root)}"):
+        fs.invalidate_cache(root)
+        if not fs.isdir(root):
+            if fs.exists(root):
+                raise NotADirectoryError(f"{describe(fs, root)} is a file, not a checkpoint directory")
+            raise FileNotFoundError(f"no checkpoint directory at {describe(fs, root)}")
+        found = fs.find(root, detail=True, withdirs=False)
+    prefix = root.rstrip("/") + "/"
+    out: dict[str, int] = {}
+    for path, info in found.items():
+        if info.get("type", "file") != "file" or not path.startswith(prefix):
+            continue
+        name = path[len(prefix):]
+        if name and name != MANIFEST_FILENAME:
+            out[name] = int(info["size"])
+    return dict(sorted(out.items()))
+
+
+def _list_local(root: str) -> dict[str, int]:
+    if not os.path.isdir(root):
+        if os.path.exists(root):
+            raise NotADirectoryError(f"{root} is a file, not a checkpoint directory")
+        raise FileNotFoundError(f"no checkpoint directory at {root}")
+    real_root = os.path.realpath(root)
+    out: dict[str, int] = {}
+
+    def fail(err: OSError) -> None:
+        raise err
+
+    for dirpath, _dirs, filenames in os.walk(root, onerror=fail, followlinks=False):
+        for filename in filenames:
+            path = os.path.join(dirpath, filename)
+            name = os.path.relpath(path, root).replace(os.sep, "/")
+            if name == MANIFEST_FILENAME:
+                continue
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if os.path.commonpath([real_root, target]) != real_root:
+                    log.warning("skipping %s: symlink to %s leaves the checkpoint root", name, target)
+                    continue
+                if not os.path.isfile(target):
+                    continue
+            out[name] = os.stat(path).st_size
+    return dict(sorted(out.items()))
+
+
+def read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+    """Whole small file (the manifest). ``FileNotFoundError`` passes through as is."""
+    with storage_errors(f"reading {path}"):
+        return bytes(fs.cat_file(path))
+
+
+def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that readers see the old bytes or the new, never a part.
+
+    Local: a temporary file in the same directory, fsynced, then ``os.replace``. Object stores:
+    one PUT, which they apply atomically.
+    """
+    if is_local(fs):
+        directory = os.path.dirname(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return
+    with storage_errors(f"writing {path}"):
+        fs.pipe_file(path, data)
+
+
+def _open(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    if is_local(fs):
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    try:
+        return fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
+    except TypeError:  # a backend whose open() takes no cache options
+        return fs.open(path, "rb")
+
+
+def hash_range(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    algorithm: str,
+    offset: int,
+    length: int,
+    progress: ProgressFn | None = None,
+) -> str:
+    """Digest of exactly ``length`` bytes of ``path`` from ``offset``, in bounded memory.
+
+    Fewer bytes than asked for is a ``ShortReadError``. Transient failures are retried
+    ``READ_ATTEMPTS`` times; a missing file or a refused permission is raised at once.
+    """
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        counter = [0]
+        try:
+            with storage_errors(f"reading {path}"):
+                return _hash_once(fs, path, algorithm, offset, length, progress, counter)
+        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+            raise
+        except OSError as exc:
+            if progress is not None and counter[0]:
+                progress(-counter[0])
+            if attempt == READ_ATTEMPTS:
+                raise
+            log.info("retrying read of %s after %s (attempt %d of %d)", path, exc, attempt, READ_ATTEMPTS)
+            time.sleep(_RETRY_DELAY_S * attempt)
+    raise AssertionError("unreachable")
+
+
+def _hash_once(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    algorithm: str,
+    offset: int,
+    length: int,
+    progress: ProgressFn | None,
+    counter: list[int],
+) -> str:
+    hasher = new_hasher(algorithm)
+    buf = memoryview(bytearray(max(1, min(BLOCK_SIZE, length))))
+    with _open(fs, path) as f:
+        if offset:
+            f.seek(offset)
+        readinto = getattr(f, "readinto", None)
+        remaining = length
+        while remaining:
+            want = buf[: min(remaining, len(buf))]
+            if readinto is not None:
+                n = readinto(want)
+            else:
+                data = f.read(len(want))
+                n = len(data)
+                want[:n] = data
+            if not n:
+                raise ShortReadError(
+                    f"short read from {path}: expected {length} bytes from offset {offset}, "
+                    f"got {length - remaining}"
+                )
+            hasher.update(want[:n])
+            remaining -= n
+            counter[0] += n
+            if progress is not None:
+                progress(n)
+    return hasher.hexdigest()
