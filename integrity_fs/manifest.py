@@ -23,7 +23,6 @@ MANIFEST_FILENAME = "_integrity_manifest.json"
 VERSION = 1
 
 _HEX = re.compile(r"[0-9a-f]+")
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def check_name(name: object) -> str:

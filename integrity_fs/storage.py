@@ -47,12 +47,22 @@ def storage_errors(what: str) -> Iterator[None]:
     """Re-raise backend exceptions (botocore, gcsfs, aiohttp, ...) as ``OSError`` naming ``what``."""
     try:
         yield
-    except OSError:
-        raise
     except Exception as exc:
-        if _is_backend_error(exc):
-            raise OSError(f"storage error while {what}: {type(exc).__name__}: {exc}") from exc
+        if isinstance(exc, OSError) and type(exc).__module__ in ("builtins", __name__):
+            raise
+        if isinstance(exc, OSError) or _is_backend_error(exc):
+            raise _os_error_type(exc)(f"storage error while {what}: {type(exc).__name__}: {exc}") from exc
         raise
+
+
+def _os_error_type(exc: BaseException) -> type[OSError]:
+    """The closest built-in OSError subclass for a backend exception, judged by its class names."""
+    names = " ".join(cls.__name__ for cls in type(exc).__mro__)
+    if "Timeout" in names:
+        return TimeoutError
+    if "Connect" in names:
+        return ConnectionError
+    return OSError
 
 
 def resolve(
@@ -220,7 +230,7 @@ def hash_range(
             if progress is not None and counter[0]:
                 progress(-counter[0])
             if attempt == READ_ATTEMPTS:
-                raise
+                raise type(exc)(f"reading {path} failed {READ_ATTEMPTS} times: {exc}") from exc
             log.info("retrying read of %s after %s (attempt %d of %d)", path, exc, attempt, READ_ATTEMPTS)
             time.sleep(_RETRY_DELAY_S * attempt)
     raise AssertionError("unreachable")
