@@ -255,9 +255,7 @@ def plan_verification(
     return VerificationPlan(tuple(problems), extra, sizes, units)
 
 
-def finish_verification(
-    manifest: Manifest, plan: VerificationPlan, digests: Mapping[Unit, str | None]
-) -> Report:
+def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Mapping[Unit, str | None]) -> Report:
     """The report once ``plan.units`` have been hashed to ``digests`` (``None``: file vanished)."""
     problems = list(plan.problems)
     hashed = {u.name for u in plan.units}
@@ -276,7 +274,7 @@ def finish_verification(
             size = plan.sizes[name]
             ranges = tuple(
                 chunk_range(size, manifest.chunk_size, i)
-                for i, (want, got) in enumerate(zip(manifest.chunks[name], by_file[name]))
+                for i, (want, got) in enumerate(zip(manifest.chunks[name], by_file[name], strict=True))
                 if want != got
             )
         problems.append(Problem(name, "mismatch", expected=expected, actual=actual, byte_ranges=ranges))

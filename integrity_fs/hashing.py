@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 
 class Hasher(Protocol):
@@ -44,9 +45,7 @@ def hex_length(algorithm: str) -> int:
 
 def check_granularity(granularity: str) -> None:
     if granularity not in GRANULARITIES:
-        raise NotImplementedError(
-            f"unsupported granularity {granularity!r} (supported: {', '.join(GRANULARITIES)})"
-        )
+        raise NotImplementedError(f"unsupported granularity {granularity!r} (supported: {', '.join(GRANULARITIES)})")
 
 
 def chunk_count(size: int, chunk_size: int) -> int:
@@ -68,7 +67,8 @@ def combine_chunk_digests(algorithm: str, chunk_digests: Sequence[str]) -> str:
     return hasher.hexdigest()
 
 
-class Unit(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Unit:
     """One independently hashed byte range: chunk ``index`` of file ``name``."""
 
     name: str

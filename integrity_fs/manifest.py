@@ -115,9 +115,10 @@ class Manifest:
         if sizes is not None and not isinstance(sizes, dict):
             raise ManifestError("'sizes' must be an object mapping names to byte counts")
         chunks = data.get("chunks")
-        if chunks is not None:
-            if not isinstance(chunks, dict) or not all(isinstance(v, list) for v in chunks.values()):
-                raise ManifestError("'chunks' must be an object mapping names to lists of digests")
+        if chunks is not None and (
+            not isinstance(chunks, dict) or not all(isinstance(v, list) for v in chunks.values())
+        ):
+            raise ManifestError("'chunks' must be an object mapping names to lists of digests")
         return cls(
             files=files,
             sizes=sizes,

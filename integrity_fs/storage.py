@@ -127,7 +127,7 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
     for path, info in found.items():
         if info.get("type", "file") != "file" or not path.startswith(prefix):
             continue
-        name = path[len(prefix):]
+        name = path[len(prefix) :]
         if name and name != MANIFEST_FILENAME:
             out[name] = int(info["size"])
     return dict(sorted(out.items()))
@@ -199,7 +199,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 
 def _open(fs: fsspec.AbstractFileSystem, path: str) -> Any:
     if is_local(fs):
-        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        return open(path, "rb")
     try:
         return fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
     except TypeError:  # a backend whose open() takes no cache options
@@ -262,8 +262,7 @@ def _hash_once(
                 want[:n] = data
             if not n:
                 raise ShortReadError(
-                    f"short read from {path}: expected {length} bytes from offset {offset}, "
-                    f"got {length - remaining}"
+                    f"short read from {path}: expected {length} bytes from offset {offset}, got {length - remaining}"
                 )
             hasher.update(want[:n])
             remaining -= n

@@ -10,7 +10,7 @@ import pytest
 from fsspec.callbacks import Callback
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestError, ManifestNotFoundError
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError
 
 FILES = {
     ".metadata": b"metadata bytes",

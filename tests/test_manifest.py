@@ -91,7 +91,20 @@ def test_malformed_manifest_says_what_is_wrong(raw, message):
 
 @pytest.mark.parametrize(
     "name",
-    ["", "/etc/passwd", "../outside", "a/../../b", "a//b", "./a", "a/.", "a\\b", "C:/x", "a\x00b", "a/", ifs.MANIFEST_FILENAME],
+    [
+        "",
+        "/etc/passwd",
+        "../outside",
+        "a/../../b",
+        "a//b",
+        "./a",
+        "a/.",
+        "a\\b",
+        "C:/x",
+        "a\x00b",
+        "a/",
+        "_integrity_manifest.json",
+    ],
 )
 def test_names_that_escape_the_root_are_refused(name):
     with pytest.raises(ManifestError, match="file name|must not list itself"):
