@@ -2,7 +2,6 @@
 
 import fsspec
 import pytest
-
 from conftest import Backend
 
 FILES = {
@@ -49,7 +48,7 @@ def test_corrupt_flips_exactly_one_byte(backend: Backend, offset: int) -> None:
     backend.corrupt("a/one.bin", offset)
     corrupted = backend.read("a/one.bin")
     assert len(corrupted) == len(original)
-    diffs = [i for i, (x, y) in enumerate(zip(original, corrupted)) if x != y]
+    diffs = [i for i, (x, y) in enumerate(zip(original, corrupted, strict=True)) if x != y]
     assert diffs == [offset % len(original)]
     assert bin(original[diffs[0]] ^ corrupted[diffs[0]]).count("1") == 1
 
