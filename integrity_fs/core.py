@@ -110,6 +110,8 @@ def load_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
         raise ManifestNotFoundError(
             f"no {MANIFEST_FILENAME} at {storage.describe(fs, root)}: the checkpoint was never sealed"
         ) from exc
+    except NotADirectoryError as exc:
+        raise ManifestNotFoundError(f"{storage.describe(fs, root)} is not a checkpoint directory") from exc
     except IsADirectoryError as exc:
         raise ManifestError(f"{path} is a directory, not a manifest") from exc
     try:

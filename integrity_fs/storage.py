@@ -117,11 +117,11 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
         return _list_local(root)
     with storage_errors(f"listing {describe(fs, root)}"):
         fs.invalidate_cache(root)
-        if not fs.isdir(root):
+        found = fs.find(root, detail=True, withdirs=False)
+        if not found and not fs.isdir(root):
             if fs.exists(root):
                 raise NotADirectoryError(f"{describe(fs, root)} is a file, not a checkpoint directory")
             raise FileNotFoundError(f"no checkpoint directory at {describe(fs, root)}")
-        found = fs.find(root, detail=True, withdirs=False)
     prefix = root.rstrip("/") + "/"
     out: dict[str, int] = {}
     for path, info in found.items():

@@ -184,3 +184,8 @@ def test_unsupported_algorithm_in_manifest_is_not_implemented(ckpt):
     ckpt.write(MANIFEST_FILENAME, json.dumps(doc).encode())
     with pytest.raises(NotImplementedError, match="blake3"):
         ifs.verify(ckpt.url, storage_options=ckpt.storage_options)
+
+
+def test_seal_of_a_missing_directory_is_file_not_found(backend):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        ifs.seal(backend.url + "/nothing-here", storage_options=backend.storage_options)
