@@ -3,8 +3,10 @@ the rules of digests through ``hashing``, the format through ``manifest``."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -27,6 +29,8 @@ from .hashing import (
     plan_units,
 )
 from .manifest import MANIFEST_FILENAME, Manifest
+
+log = logging.getLogger("integrity_fs")
 
 ProblemKind = Literal["mismatch", "missing", "size", "extra"]
 URL = str | os.PathLike[str]
@@ -137,6 +141,7 @@ def seal(
     """
     chunk_size = check_seal_options(algorithm, granularity, chunk_size)
     fs_, root = storage.resolve(url, storage_options, fs)
+    started = time.perf_counter()
     sizes = storage.list_files(fs_, root)
     units = plan_units(granularity, sizes, chunk_size)
     digests = hash_units(fs_, root, algorithm, units, max_workers=max_workers, callback=callback)
@@ -145,6 +150,7 @@ def seal(
         raise FileNotFoundError(f"files vanished while sealing {storage.describe(fs_, root)}: {', '.join(gone)}")
     manifest = build_manifest(algorithm, granularity, chunk_size, sizes, digests)
     write_manifest(fs_, root, manifest)
+    _log_done("sealed", storage.describe(fs_, root), len(sizes), sum(sizes.values()), started)
     return manifest
 
 
@@ -215,6 +221,7 @@ def verify(
     ``strict`` makes files absent from the manifest problems too.
     """
     fs_, root = storage.resolve(url, storage_options, fs)
+    started = time.perf_counter()
     manifest = load_manifest(fs_, root)
     listing = storage.list_files(fs_, root)
     plan = plan_verification(manifest, listing, strict=strict, quick=quick)
@@ -222,7 +229,14 @@ def verify(
     report = finish_verification(manifest, plan, digests)
     if not report.ok:
         raise IntegrityError(report, storage.describe(fs_, root))
+    _log_done("verified", storage.describe(fs_, root), report.files_checked, report.bytes_checked, started)
     return report
+
+
+def _log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:
+    elapsed = time.perf_counter() - started
+    rate = nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
+    log.info("%s %s: %d files, %d bytes in %.2f s (%.2f GB/s)", what, where, files, nbytes, elapsed, rate)
 
 
 @dataclass(frozen=True)
