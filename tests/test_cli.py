@@ -1,0 +1,456 @@
+"""The ``integrity-fs`` command, run as a user runs it: real subprocesses, on local paths and on S3 (moto)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Backend
+
+from integrity_fs import MANIFEST_FILENAME
+from integrity_fs.cli import build_storage_options, parse_option
+
+TIMEOUT_S = 120
+COMMANDS = ["seal", "verify", "show", "download", "upload", "demo"]
+FILES = {
+    "model.bin": random.Random(1).randbytes(300_000),
+    "optim.bin": random.Random(2).randbytes(100_000),
+    "sub/meta.json": b'{"step": 1000}\n',
+}
+
+
+def cli(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m integrity_fs ARGS`` with captured output (stderr is a pipe, not a terminal)."""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "integrity_fs", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: error:")]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """A local, unsealed checkpoint directory."""
+    root = tmp_path / "step_1000"
+    for name, data in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def sealed(ckpt: Path) -> Path:
+    proc = cli("seal", str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    return ckpt
+
+
+@pytest.fixture
+def s3(s3_backend: Backend, s3_endpoint: str) -> tuple[Backend, list[str]]:
+    """An unsealed checkpoint in the moto bucket, and the -o options that reach it."""
+    for name, data in FILES.items():
+        s3_backend.write(name, data)
+    return s3_backend, ["-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
+
+
+def manifest_of(root: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((root / MANIFEST_FILENAME).read_text())
+    return result
+
+
+# --------------------------------------------------------------------------- parsing and usage
+
+
+def test_storage_options_nest_dotted_keys_and_parse_json_values() -> None:
+    pairs = [
+        parse_option("anon=true"),
+        parse_option("x=abc"),
+        parse_option("client_kwargs.endpoint_url=http://127.0.0.1:9000"),
+        parse_option("config_kwargs.retries.max_attempts=2"),
+        parse_option("empty="),
+        parse_option("list=[1, 2]"),
+        parse_option("query=a=b"),
+    ]
+    assert build_storage_options(pairs) == {
+        "anon": True,
+        "x": "abc",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"},
+        "config_kwargs": {"retries": {"max_attempts": 2}},
+        "empty": "",
+        "list": [1, 2],
+        "query": "a=b",
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["-o", "anon"], "has no '='"),
+        (["-o", "=true"], "empty key"),
+        (["-o", "a..b=1"], "empty key"),
+        (["-o", "a=1", "-o", "a.b=2"], "also used as a group"),
+    ],
+)
+def test_bad_option_syntax_is_a_usage_error(sealed: Path, options: list[str], message: str) -> None:
+    proc = cli("verify", str(sealed), *options)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_unknown_or_missing_command_is_a_usage_error() -> None:
+    unknown = cli("frobnicate")
+    assert unknown.returncode == 2 and "invalid choice: 'frobnicate'" in unknown.stderr
+    assert cli().returncode == 2
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    proc = cli(command, "--help")
+    assert proc.returncode == 0
+    assert "example" in proc.stdout and f"integrity-fs {command}" in proc.stdout
+
+
+def test_top_level_help_lists_commands_and_exit_codes() -> None:
+    proc = cli("--help")
+    assert proc.returncode == 0
+    assert all(command in proc.stdout for command in COMMANDS)
+    assert "4  storage or I/O error" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--granularity", "file", "--chunk-size", "1024"],  # ValueError from seal
+        ["--chunk-size", "lots"],
+        ["--workers", "0"],
+    ],
+)
+def test_bad_seal_arguments_are_usage_errors(ckpt: Path, args: list[str]) -> None:
+    proc = cli("seal", str(ckpt), *args)
+    assert proc.returncode == 2, proc.stderr
+    assert not (ckpt / MANIFEST_FILENAME).exists()
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "integrity-fs"
+    if not script.exists():
+        pytest.skip("integrity-fs script not installed in this environment")
+    proc = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0 and "integrity-fs" in proc.stdout
+
+
+# --------------------------------------------------------------------------- seal, verify, show (local)
+
+
+def test_seal_then_verify_passes(ckpt: Path) -> None:
+    seal = cli("seal", str(ckpt))
+    assert seal.returncode == 0, seal.stderr
+    assert set(manifest_of(ckpt)["files"]) == set(FILES)
+    proc = cli("verify", str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    assert "verified" in proc.stdout and "3 files" in proc.stdout
+    assert re.search(r"[\d.]+ [MG]B/s", proc.stdout)
+    assert proc.stderr == ""
+
+
+def test_corrupted_file_fails_and_is_named(sealed: Path) -> None:
+    expected = manifest_of(sealed)["files"]["model.bin"]
+    flip(sealed / "model.bin", 1234)
+    actual = sha256((sealed / "model.bin").read_bytes())
+
+    proc = cli("verify", str(sealed))
+    assert proc.returncode == 1
+    assert len(error_lines(proc)) == 1 and "model.bin" in error_lines(proc)[0]
+    assert f"model.bin: mismatch (expected {expected}, found {actual})" in proc.stdout
+    assert "optim.bin" not in proc.stdout + proc.stderr
+
+    as_json = cli("verify", str(sealed), "--json")
+    assert as_json.returncode == 1
+    report = json.loads(as_json.stdout)
+    assert report["ok"] is False and report["url"] == str(sealed)
+    assert report["problems"] == [
+        {"path": "model.bin", "kind": "mismatch", "expected": expected, "actual": actual, "byte_ranges": []}
+    ]
+    assert report["files_checked"] == 3 and "elapsed_s" in report
+
+
+def test_verify_json_on_success(sealed: Path) -> None:
+    proc = cli("verify", str(sealed), "--json")
+    assert proc.returncode == 0
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["problems"] == []
+    assert report["bytes_checked"] == sum(len(d) for d in FILES.values())
+
+
+def test_missing_manifest_exits_3(ckpt: Path) -> None:
+    proc = cli("verify", str(ckpt))
+    assert proc.returncode == 3
+    assert MANIFEST_FILENAME in error_lines(proc)[0] and "integrity-fs seal" in proc.stderr
+    as_json = cli("verify", str(ckpt), "--json")
+    assert as_json.returncode == 3 and json.loads(as_json.stdout)["ok"] is False
+
+
+def test_invalid_manifest_exits_3(sealed: Path) -> None:
+    (sealed / MANIFEST_FILENAME).write_text("{not json")
+    for command in ("verify", "show"):
+        proc = cli(command, str(sealed))
+        assert proc.returncode == 3
+        assert "not valid JSON" in error_lines(proc)[0]
+
+
+def test_unsupported_algorithm_in_manifest_exits_3(sealed: Path) -> None:
+    manifest = manifest_of(sealed)
+    manifest["algorithm"] = "md5"
+    (sealed / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    proc = cli("verify", str(sealed))
+    assert proc.returncode == 3
+    assert "md5" in error_lines(proc)[0]
+
+
+def test_quick_compares_sizes_without_reading(sealed: Path) -> None:
+    flip(sealed / "model.bin", 0)  # same size: only a full verify sees it
+    assert cli("verify", str(sealed), "--quick").returncode == 0
+    assert cli("verify", str(sealed)).returncode == 1
+    (sealed / "optim.bin").write_bytes(FILES["optim.bin"][:10])
+    proc = cli("verify", str(sealed), "--quick")
+    assert proc.returncode == 1
+    assert "optim.bin: size (expected 100000 bytes, found 10)" in proc.stdout
+
+
+def test_strict_rejects_extra_files(sealed: Path) -> None:
+    (sealed / "extra.bin").write_bytes(b"not sealed")
+    lenient = cli("verify", str(sealed))
+    assert lenient.returncode == 0
+    assert "extra.bin" in lenient.stdout and "not in the manifest" in lenient.stdout
+    strict = cli("verify", str(sealed), "--strict")
+    assert strict.returncode == 1
+    assert "extra.bin" in error_lines(strict)[0]
+
+
+def test_show_summarises_the_manifest(sealed: Path) -> None:
+    proc = cli("show", str(sealed))
+    assert proc.returncode == 0
+    assert "sha256" in proc.stdout and "file" in proc.stdout
+    assert re.search(r"files\s+3\b", proc.stdout)
+    assert "400015 bytes" in proc.stdout
+    largest = [line.split()[-1] for line in proc.stdout.split("largest files:")[1].splitlines() if line.strip()]
+    assert largest == ["model.bin", "optim.bin", "sub/meta.json"]
+
+    summary = json.loads(cli("show", str(sealed), "--json").stdout)
+    assert summary["file_count"] == 3 and summary["total_bytes"] == 400_015
+    assert summary["largest"][0] == {"path": "model.bin", "size": 300_000}
+    assert summary["files"]["optim.bin"]["digest"] == sha256(FILES["optim.bin"])
+
+
+def test_chunk_manifest_reports_the_corrupt_byte_range(ckpt: Path) -> None:
+    seal = cli("seal", str(ckpt), "--granularity", "chunk", "--chunk-size", "64K")
+    assert seal.returncode == 0, seal.stderr
+    assert manifest_of(ckpt)["chunk_size"] == 65536
+    assert "chunk" in cli("show", str(ckpt)).stdout
+    flip(ckpt / "model.bin", 100_000)
+    proc = cli("verify", str(ckpt))
+    assert proc.returncode == 1
+    assert "model.bin: mismatch in bytes 65536-131071" in proc.stdout
+    report = json.loads(cli("verify", str(ckpt), "--json").stdout)
+    assert report["problems"][0]["byte_ranges"] == [[65536, 131072]]
+
+
+# --------------------------------------------------------------------------- S3 (moto)
+
+
+def test_s3_seal_verify_and_reject(s3: tuple[Backend, list[str]]) -> None:
+    backend, options = s3
+    assert cli("seal", backend.url, *options).returncode == 0
+    assert MANIFEST_FILENAME in backend.listdir()
+    ok = cli("-o", options[1], "verify", backend.url)  # options before the command work too
+    assert ok.returncode == 0, ok.stderr
+    backend.corrupt("sub/meta.json", 3)
+    bad = cli("verify", backend.url, "--json", *options)
+    assert bad.returncode == 1
+    report = json.loads(bad.stdout)
+    assert report["ok"] is False and [p["path"] for p in report["problems"]] == ["sub/meta.json"]
+    assert "sub/meta.json" in error_lines(bad)[0]
+
+
+def test_s3_missing_manifest_exits_3(s3: tuple[Backend, list[str]]) -> None:
+    backend, options = s3
+    proc = cli("verify", backend.url, *options)
+    assert proc.returncode == 3
+    assert backend.url in error_lines(proc)[0]
+
+
+def test_unreachable_endpoint_is_a_storage_error() -> None:
+    proc = cli(
+        "verify",
+        "s3://bucket/run/step_1000",
+        "-o",
+        "client_kwargs.endpoint_url=http://127.0.0.1:1",
+        "-o",
+        "config_kwargs.retries.max_attempts=1",  # fail in one try, to keep the test short
+    )
+    assert proc.returncode == 4
+    assert len(error_lines(proc)) == 1 and "connect" in error_lines(proc)[0].lower()
+
+
+# --------------------------------------------------------------------------- download
+
+
+def test_download_verified_checkpoint(s3: tuple[Backend, list[str]], tmp_path: Path) -> None:
+    backend, options = s3
+    assert cli("seal", backend.url, *options).returncode == 0
+    backend.write("late.bin", b"written after sealing")
+    dest = tmp_path / "downloads" / "step_1000"
+    proc = cli("download", backend.url, str(dest), *options)
+    assert proc.returncode == 0, proc.stderr
+    assert "late.bin" in proc.stdout and "not downloaded" in proc.stdout
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == sorted(
+        [*FILES, MANIFEST_FILENAME]
+    )
+    assert all((dest / name).read_bytes() == data for name, data in FILES.items())
+    assert cli("verify", str(dest), "--strict").returncode == 0
+    assert os.listdir(dest.parent) == ["step_1000"]  # no staging directory left behind
+
+
+def test_download_of_corrupt_checkpoint_writes_nothing(s3: tuple[Backend, list[str]], tmp_path: Path) -> None:
+    backend, options = s3
+    assert cli("seal", backend.url, "--chunk-size", "64K", *options).returncode == 0
+    backend.corrupt("model.bin", 200_000)
+    parent = tmp_path / "downloads"
+    parent.mkdir()
+    proc = cli("download", backend.url, str(parent / "step_1000"), "--workers", "2", *options)
+    assert proc.returncode == 1
+    assert "model.bin" in error_lines(proc)[0]
+    assert "model.bin: mismatch in bytes 196608-262143" in proc.stdout
+    assert os.listdir(parent) == []  # neither DEST nor a staging directory with the corrupt bytes
+
+
+def test_download_without_manifest_exits_3_and_writes_nothing(s3: tuple[Backend, list[str]], tmp_path: Path) -> None:
+    backend, options = s3
+    proc = cli("download", backend.url, str(tmp_path / "dl" / "step_1000"), *options)
+    assert proc.returncode == 3
+    assert not (tmp_path / "dl").exists()
+
+
+def test_download_refuses_a_non_empty_destination(sealed: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    proc = cli("download", str(sealed), str(dest))
+    assert proc.returncode == 2
+    assert "not an empty directory" in error_lines(proc)[0]
+    assert os.listdir(dest) == ["keep.txt"]
+
+
+# --------------------------------------------------------------------------- upload
+
+
+def test_upload_then_verify(ckpt: Path, s3_backend: Backend, s3_endpoint: str) -> None:
+    options = ["-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
+    proc = cli("upload", str(ckpt), s3_backend.url, "--granularity", "chunk", "--chunk-size", "64K", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert s3_backend.listdir() == sorted([*FILES, MANIFEST_FILENAME])
+    assert all(s3_backend.read(name) == data for name, data in FILES.items())
+    manifest = json.loads(s3_backend.read(MANIFEST_FILENAME))
+    assert manifest["granularity"] == "chunk" and len(manifest["chunks"]["model.bin"]) == 5
+    assert manifest["files"]["sub/meta.json"] != sha256(FILES["sub/meta.json"])  # a chunk-derived digest
+    assert cli("verify", s3_backend.url, "--strict", *options).returncode == 0
+
+    again = cli("upload", str(ckpt), s3_backend.url, *options)
+    assert again.returncode == 2 and "already holds a sealed checkpoint" in error_lines(again)[0]
+
+
+@pytest.mark.parametrize("granularity", [["--granularity", "file"], ["--chunk-size", "64K"]])
+def test_upload_to_local_url_gives_the_same_manifest_as_seal(
+    ckpt: Path, tmp_path: Path, granularity: list[str]
+) -> None:
+    """The digests computed while streaming equal seal's, chunk boundaries included."""
+    (ckpt / "empty.bin").write_bytes(b"")
+    (ckpt / "exact.bin").write_bytes(bytes(2 * 65536))  # ends on a chunk boundary
+    target = tmp_path / "uploaded"
+    assert cli("upload", str(ckpt), f"file://{target}", *granularity).returncode == 0
+    assert cli("seal", str(ckpt), *granularity).returncode == 0
+    assert (target / MANIFEST_FILENAME).read_bytes() == (ckpt / MANIFEST_FILENAME).read_bytes()
+
+
+# --------------------------------------------------------------------------- demo and progress
+
+
+def test_demo_catches_the_flipped_byte() -> None:
+    proc = cli("demo", "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == ""
+    victim = re.search(r"Flipped one bit of byte \d+ of (\S+) in the bucket", proc.stdout)
+    assert victim, proc.stdout
+    assert f"{victim.group(1)}: mismatch in bytes" in proc.stdout
+    assert "refused" in proc.stdout and "Demo complete" in proc.stdout
+
+
+def run_on_terminal(*args: str) -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal; returns the exit code and what the terminal got."""
+    pty = pytest.importorskip("pty")
+    fcntl = pytest.importorskip("fcntl")
+    termios = pytest.importorskip("termios")
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "integrity_fs", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            data = os.read(controller, 4096)
+        except OSError as exc:  # EIO: the child closed the terminal
+            assert exc.errno == errno.EIO
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(controller)
+    return proc.wait(timeout=TIMEOUT_S), b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_only_on_a_terminal(sealed: Path) -> None:
+    pytest.importorskip("tqdm")
+    piped = cli("verify", str(sealed))
+    assert piped.returncode == 0 and "\r" not in piped.stderr and piped.stderr == ""
+
+    code, terminal = run_on_terminal("verify", str(sealed))
+    assert code == 0
+    assert "\r" in terminal and "verify" in terminal and "B/s" in terminal  # a tqdm bar: label, rate
+
+    code, terminal = run_on_terminal("verify", str(sealed), "--no-progress")
+    assert code == 0 and "\r" not in terminal
