@@ -291,7 +291,11 @@ def run_parallel(fn: Callable[[T], R], items: Sequence[T], workers: int) -> dict
         return {item: fn(item) for item in items}
     with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="integrity_fs_cli") as pool:
         futures = {pool.submit(fn, item): item for item in items}
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # Ctrl-C: start nothing new, let the running items stop
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         for future in done:
             error = future.exception()
             if error is not None:
@@ -830,7 +834,7 @@ exit codes:
   1  integrity failure: content differs from the manifest
   2  usage error: bad arguments or -o options
   3  manifest missing or invalid (or an unsupported algorithm or granularity)
-  4  storage or I/O error: network, permission, missing bucket, ...
+  4  storage or I/O error: network, credentials, permission, timeout
 """
 
 EPILOGS = {
@@ -1010,6 +1014,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_STORAGE
     except Exception as error:
         code = exit_code_for(error)
         report_error(args, error, code)

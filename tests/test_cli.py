@@ -29,7 +29,7 @@ FILES = {
 }
 
 
-def cli(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = TIMEOUT_S, traceback: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``python -m integrity_fs ARGS`` with captured output (stderr is a pipe, not a terminal)."""
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     proc = subprocess.run(
@@ -40,7 +40,7 @@ def cli(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[s
         env=env,
         stdin=subprocess.DEVNULL,
     )
-    assert "Traceback" not in proc.stderr, proc.stderr
+    assert ("Traceback" in proc.stderr) == traceback, proc.stderr
     return proc
 
 
@@ -218,6 +218,12 @@ def test_missing_manifest_exits_3(ckpt: Path) -> None:
     assert MANIFEST_FILENAME in error_lines(proc)[0] and "integrity-fs seal" in proc.stderr
     as_json = cli("verify", str(ckpt), "--json")
     assert as_json.returncode == 3 and json.loads(as_json.stdout)["ok"] is False
+
+
+def test_debug_adds_the_traceback(ckpt: Path) -> None:
+    proc = cli("verify", str(ckpt), "--debug", traceback=True)
+    assert proc.returncode == 3
+    assert "ManifestNotFoundError" in proc.stderr and len(error_lines(proc)) == 1
 
 
 def test_invalid_manifest_exits_3(sealed: Path) -> None:
