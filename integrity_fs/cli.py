@@ -372,7 +372,7 @@ def download(
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with (
                 storage.storage_errors(f"downloading {storage.join(location, name)}"),
-                fs.open(storage.join(root, name), "rb", block_size=storage.REMOTE_BLOCK_SIZE) as src,
+                storage.open_read(fs, storage.join(root, name)) as src,
                 open(target, "wb") as dst,
             ):
                 return copy_and_hash(src, dst, algorithm=manifest.algorithm, chunk_size=chunk_size, progress=progress)

@@ -197,7 +197,8 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         fs.pipe_file(path, data)
 
 
-def _open(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+def open_read(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    """A binary reader for ``path`` tuned for sequential streaming (readahead on object stores)."""
     if is_local(fs):
         return open(path, "rb")
     try:
@@ -247,7 +248,7 @@ def _hash_once(
 ) -> str:
     hasher = new_hasher(algorithm)
     buf = memoryview(bytearray(max(1, min(BLOCK_SIZE, length))))
-    with _open(fs, path) as f:
+    with open_read(fs, path) as f:
         if offset:
             f.seek(offset)
         readinto = getattr(f, "readinto", None)
