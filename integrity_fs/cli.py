@@ -18,15 +18,13 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -42,7 +40,9 @@ from .core import (
     finish_verification,
     load_manifest,
     plan_verification,
+    progress_fn,
     read_manifest,
+    run_parallel,
     seal,
     verify,
     write_manifest,
@@ -65,8 +65,6 @@ COPY_BLOCK_SIZE = 1024 * 1024
 LARGEST_SHOWN = 5
 
 ProgressFn = Callable[[int], None]
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 class UsageError(Exception):
@@ -225,20 +223,6 @@ def wants_progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
-def progress_fn(callback: Callback | None, total: int) -> ProgressFn | None:
-    """A thread-safe byte counter on ``callback``, after telling it the total."""
-    if callback is None:
-        return None
-    callback.set_size(total)
-    lock = threading.Lock()
-
-    def update(n: int) -> None:
-        with lock:
-            callback.relative_update(n)
-
-    return update
-
-
 # --------------------------------------------------------------------------- streaming copy
 
 
@@ -283,25 +267,6 @@ def copy_and_hash(
             progress(len(block))
     digests.append(hasher.hexdigest())
     return Copied(size, tuple(digests))
-
-
-def run_parallel(fn: Callable[[T], R], items: Sequence[T], workers: int) -> dict[T, R]:
-    """``fn`` on every item on ``workers`` threads; the first exception cancels the rest and is raised."""
-    if workers <= 1 or len(items) <= 1:
-        return {item: fn(item) for item in items}
-    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="integrity_fs_cli") as pool:
-        futures = {pool.submit(fn, item): item for item in items}
-        try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        except BaseException:  # Ctrl-C: start nothing new, let the running items stop
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        for future in done:
-            error = future.exception()
-            if error is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise error
-        return {item: future.result() for future, item in futures.items()}
 
 
 def unit_digests(granularity: str, chunk_size: int | None, copied: dict[str, Copied]) -> dict[Unit, str | None]:

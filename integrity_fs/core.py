@@ -7,10 +7,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -31,6 +31,8 @@ from .hashing import (
 from .manifest import MANIFEST_FILENAME, Manifest
 
 log = logging.getLogger("integrity_fs")
+T = TypeVar("T")
+R = TypeVar("R")
 
 ProblemKind = Literal["mismatch", "missing", "size", "extra"]
 URL = str | os.PathLike[str]
@@ -325,7 +327,7 @@ def hash_units(
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
     workers = min(max_workers or default_workers(fs), max(1, len(todo)))
-    progress = _progress(callback, sum(u.length for u in todo))
+    progress = progress_fn(callback, sum(u.length for u in todo))
 
     def one(unit: Unit) -> str | None:
         try:
@@ -333,20 +335,30 @@ def hash_units(
         except FileNotFoundError:
             return None
 
-    if workers == 1:
-        return {unit: one(unit) for unit in todo}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="integrity_fs") as pool:
-        futures = {pool.submit(one, unit): unit for unit in todo}
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    return run_parallel(one, todo, workers)
+
+
+def run_parallel(fn: Callable[[T], R], items: Sequence[T], workers: int) -> dict[T, R]:
+    """``fn`` on every item on ``workers`` threads; the first exception cancels the rest and is raised."""
+    if workers <= 1 or len(items) <= 1:
+        return {item: fn(item) for item in items}
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="integrity_fs") as pool:
+        futures = {pool.submit(fn, item): item for item in items}
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # Ctrl-C: start nothing new, let the running items stop
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         for future in done:
-            if future.exception() is not None:
+            error = future.exception()
+            if error is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-                raise future.exception()  # type: ignore[misc]
-        return {futures[f]: f.result() for f in futures}
+                raise error
+        return {item: future.result() for future, item in futures.items()}
 
 
-def _progress(callback: Callback | None, total: int) -> storage.ProgressFn | None:
-    """A thread-safe ``relative_update`` on ``callback``, after telling it the total."""
+def progress_fn(callback: Callback | None, total: int) -> storage.ProgressFn | None:
+    """A thread-safe byte counter on ``callback``, after telling it the total."""
     if callback is None:
         return None
     callback.set_size(total)
