@@ -1,0 +1,151 @@
+"""``python -m benchmarks.distributed [--files N] [--size-mib M] [--repeats R] [--worlds 1 2 4]``
+
+Times ``integrity_fs.distributed.verify`` in ``rank0`` and ``sharded`` mode on one sealed local
+checkpoint (in the page cache), with gloo process groups of each world size on this machine, and
+prints a markdown table of medians.
+
+Two worker settings per rank:
+- ``max_workers=1``: one hashing thread per rank, the "one core per rank" model of a real job
+  (where each rank has its own cores and often its own node);
+- default ``max_workers`` (the CPU count): rank 0 alone already hashes on every core here, so on a
+  small machine sharding has nothing left to win and oversubscribes the cores instead.
+
+Each timed call runs between two barriers, after one warm-up call. The machine may be shared:
+``others`` is the CPU time other processes used during the median call (from ``/proc/stat``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+MiB = 1024 * 1024
+CORES = os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Row:
+    world: int
+    mode: str
+    workers: str
+    median_s: float
+    others_cpu_s: float
+
+
+def _busy_s() -> float:
+    """CPU seconds every process on the machine has used since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _worker(rank: int, world: int, port: int, root: str, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from integrity_fs import distributed
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=300)
+    )
+    rows: list[Row] = []
+    for workers in (1, None):
+        for mode in ("rank0", "sharded"):
+            times: list[tuple[float, float]] = []
+            for _ in range(repeats + 1):  # the first is a warm-up
+                dist.barrier()
+                busy, own = _busy_s(), _own_cpu_s()
+                start = time.perf_counter()
+                distributed.verify(root, mode=mode, max_workers=workers)  # type: ignore[arg-type]
+                dist.barrier()
+                elapsed = time.perf_counter() - start
+                used: list[Any] = [None] * world
+                dist.all_gather_object(used, _own_cpu_s() - own)
+                times.append((elapsed, _busy_s() - busy - sum(used)))
+            median = statistics.median(t for t, _ in times[1:])
+            others = min(times[1:], key=lambda t: abs(t[0] - median))[1]
+            rows.append(Row(world, mode, "1" if workers else f"default ({CORES})", median, max(0.0, others)))
+    if rank == 0:
+        Path(out).write_text(repr([r.__dict__ for r in rows]))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _make_checkpoint(root: Path, files: int, size: int) -> None:
+    import integrity_fs
+
+    root.mkdir()
+    for i in range(files):
+        with open(root / f"shard_{i}.bin", "wb") as f:
+            for _ in range(size // MiB):
+                f.write(os.urandom(MiB))
+    integrity_fs.seal(root)
+    integrity_fs.verify(root)  # and into the page cache
+
+
+def run(files: int, size: int, repeats: int, worlds: list[int]) -> list[Row]:
+    import torch.multiprocessing as mp
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="ifs-bench-dist-") as tmp:
+        root = Path(tmp) / "ckpt"
+        _make_checkpoint(root, files, size)
+        for world in worlds:
+            out = Path(tmp) / f"rows-{world}"
+            mp.spawn(_worker, args=(world, _free_port(), str(root), repeats, str(out)), nprocs=world, join=True)
+            rows += [Row(**r) for r in eval(out.read_text())]
+    return rows
+
+
+def table(rows: list[Row], total_bytes: int) -> str:
+    rank0 = {(r.world, r.workers): r.median_s for r in rows if r.mode == "rank0"}
+    lines = [
+        "| ranks | mode | max_workers per rank | median s | GB/s | vs rank0 | others' CPU s |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        ratio = r.median_s / rank0[(r.world, r.workers)]
+        lines.append(
+            f"| {r.world} | {r.mode} | {r.workers} | {r.median_s:.3f} | {total_bytes / r.median_s / 1e9:.2f} "
+            f"| {ratio:.2f}x | {r.others_cpu_s:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--size-mib", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    args = parser.parse_args()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    size = args.size_mib * MiB
+    rows = run(args.files, size, args.repeats, args.worlds)
+    print(f"verify of {args.files} x {args.size_mib} MiB (page cache), {CORES} cores, median of {args.repeats}\n")
+    print(table(rows, args.files * size))
+
+
+if __name__ == "__main__":
+    main()

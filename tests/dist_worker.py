@@ -1,0 +1,114 @@
+"""One rank of a distributed seal/verify test: ``python dist_worker.py SPEC.json RANK``.
+
+Runs every scenario of the spec in one gloo process group and writes this rank's outcomes (result
+type, message, report or manifest, bytes this rank hashed) to ``rank<RANK>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from fsspec.callbacks import Callback
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractFileSystem
+
+from integrity_fs import IntegrityError, Manifest, Report, distributed
+
+FAULTS: dict[str, Exception] = {
+    "permission": PermissionError(13, "Permission denied (injected)"),
+    "unexpected": ZeroDivisionError("injected"),
+}
+
+
+class FaultyLocalFS(AbstractFileSystem):
+    """Local files behind a non-local fsspec class whose reads of file content fail.
+
+    (integrity_fs opens files of a real LocalFileSystem with the built-in open(), so a
+    LocalFileSystem subclass could not inject anything.)
+    """
+
+    protocol = "faultylocal"
+    root_marker = "/"
+
+    def __init__(self, fault: str) -> None:
+        super().__init__(skip_instance_cache=True)
+        self.local = LocalFileSystem()
+        self.fault = fault
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        return self.local.ls(path, detail=detail, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self.local.info(path, **kwargs)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" in mode and not path.endswith("_integrity_manifest.json"):
+            error = FAULTS[self.fault]
+            if isinstance(error, OSError):
+                raise type(error)(error.errno, error.strerror, path)
+            raise type(error)(*error.args)
+        return self.local._open(path, mode, **kwargs)
+
+
+class ByteCounter(Callback):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashed = 0
+
+    def relative_update(self, inc: int = 1) -> None:
+        self.hashed += inc
+
+
+def outcome(value: object) -> dict[str, Any]:
+    if isinstance(value, Report):
+        return {"type": "Report", "report": value.to_dict()}
+    if isinstance(value, Manifest):
+        return {"type": "Manifest", "manifest": value.to_json().decode()}
+    raise TypeError(f"unexpected result {value!r}")
+
+
+def failure(exc: Exception) -> dict[str, Any]:
+    report = exc.report.to_dict() if isinstance(exc, IntegrityError) else None
+    return {"type": type(exc).__name__, "message": str(exc), "report": report, "notes": getattr(exc, "__notes__", [])}
+
+
+def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+    kwargs = dict(scenario.get("kwargs", {}))
+    kwargs.update(scenario.get("rank_kwargs", {}).get(str(rank), {}))
+    if scenario.get("faulty_rank") == rank:
+        kwargs["fs"] = FaultyLocalFS(scenario["fault"])
+    counter = ByteCounter()
+    kwargs["callback"] = counter
+    function = distributed.verify if scenario["op"] == "verify" else distributed.seal
+    try:
+        result = outcome(function(scenario["url"], group=group, mode=scenario["mode"], **kwargs))
+    except Exception as exc:
+        result = failure(exc)
+    return {**result, "hashed": counter.hashed}
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    dist.init_process_group(
+        "gloo", init_method=spec["init_method"], rank=rank, world_size=spec["world_size"], timeout=timedelta(seconds=60)
+    )
+    results: dict[str, Any] = {}
+    for scenario in spec["scenarios"]:
+        members = scenario.get("group")
+        group = dist.new_group(members) if members is not None else None  # every rank creates it
+        if members is not None and rank not in members:
+            results[scenario["id"]] = {"type": "not a member"}
+            continue
+        results[scenario["id"]] = run(scenario, rank, group)
+    dist.destroy_process_group()
+    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""integrity_fs.distributed: every rank of a real gloo process group reaches the same verdict.
+
+Each world size runs all scenarios, in both modes, in one process group (tests/dist_worker.py);
+the outcomes of every rank are compared with each other and with the local functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from dist_launch import run_ranks
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestError, ManifestNotFoundError, distributed
+from integrity_fs.distributed import Failure, shard_units
+from integrity_fs.hashing import Unit
+
+MODES = ("sharded", "rank0")
+CHUNK = 256 * 1024
+BIG = 4 * 1024 * 1024 + 1000  # 17 chunks, the last one short
+
+
+def _files(root: Path, seed: int = 1) -> None:
+    sizes = {"a.bin": 300_000, "b.bin": 200_000, "sub/c.bin": 100_000, "d.bin": 50_000, "empty.bin": 0}
+    for i, (name, size) in enumerate(sizes.items()):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes((seed * 31 + i * 7 + j) % 251 for j in range(size)))
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _local(fn: Any) -> dict[str, Any]:
+    """The outcome of a local call, in the worker's format."""
+    try:
+        report = fn()
+    except Exception as exc:
+        report_dict = exc.report.to_dict() if isinstance(exc, IntegrityError) else None
+        return {"type": type(exc).__name__, "message": str(exc), "report": report_dict}
+    return {"type": "Report", "report": report.to_dict()}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoints for every scenario; each seal scenario gets its own unsealed copy."""
+    root = tmp_path_factory.mktemp("ckpts")
+    for name in ("good", "corrupt", "nomanifest", "badmanifest", "quick"):
+        _files(root / name)
+    for name in ("good", "corrupt", "quick"):
+        ifs.seal(root / name)
+    _flip(root / "corrupt" / "a.bin", 10)
+    _flip(root / "corrupt" / "b.bin", 20)
+    (root / "quick" / "d.bin").write_bytes(b"short")
+    (root / "badmanifest" / MANIFEST_FILENAME).write_text("{not json")
+    big = root / "big"
+    big.mkdir()
+    (big / "big.bin").write_bytes(os.urandom(BIG))
+    for name in ("big-verify", "big-corrupt"):
+        shutil.copytree(big, root / name)
+        ifs.seal(root / name, granularity="chunk", chunk_size=CHUNK)
+    _flip(root / "big-corrupt" / "big.bin", 5 * CHUNK + 3)
+    for mode in MODES:
+        for name in ("seal", "seal-fault", "seal-bogus"):
+            shutil.copytree(root / "nomanifest", root / f"{name}-{mode}")
+        shutil.copytree(big, root / f"big-seal-{mode}")
+    return root
+
+
+def _scenarios(root: Path, mode: str) -> list[dict[str, Any]]:
+    def sc(name: str, op: str, ckpt: str, **extra: Any) -> dict[str, Any]:
+        return {"id": f"{name}/{mode}", "op": op, "mode": mode, "url": str(root / ckpt), **extra}
+
+    reader = 1 if mode == "sharded" else 0  # a rank that reads file content in this mode
+    return [
+        sc("verify-ok", "verify", "good"),
+        sc("verify-corrupt", "verify", "corrupt"),
+        sc("verify-no-manifest", "verify", "nomanifest"),
+        sc("verify-bad-manifest", "verify", "badmanifest"),
+        sc("verify-quick", "verify", "quick", kwargs={"quick": True}),
+        sc("verify-strict", "verify", "good", kwargs={"strict": True}),
+        sc("verify-permission", "verify", "good", faulty_rank=reader, fault="permission"),
+        sc("verify-unexpected", "verify", "good", faulty_rank=reader, fault="unexpected"),
+        sc("verify-bad-option", "verify", "good", rank_kwargs={str(reader): {"max_workers": 0}}),
+        sc("verify-rank1-faulty", "verify", "good", faulty_rank=1, fault="permission"),
+        sc("verify-chunks", "verify", "big-verify"),
+        sc("verify-chunks-corrupt", "verify", "big-corrupt"),
+        sc("seal", "seal", f"seal-{mode}"),
+        sc("seal-permission", "seal", f"seal-fault-{mode}", faulty_rank=reader, fault="permission"),
+        sc("seal-bogus", "seal", f"seal-bogus-{mode}", kwargs={"granularity": "bogus"}),
+        sc("seal-chunks", "seal", f"big-seal-{mode}", kwargs={"granularity": "chunk", "chunk_size": CHUNK}),
+        sc("verify-subgroup", "verify", "corrupt", group=[1, 2]),
+    ]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2-ranks", "3-ranks"])
+def runs(request: pytest.FixtureRequest, tree: Path) -> tuple[int, dict[str, list[dict[str, Any]]]]:
+    world = request.param
+    for mode in MODES:  # each world size seals fresh copies
+        for name in ("seal", "seal-fault", "seal-bogus", "big-seal"):
+            (tree / f"{name}-{mode}" / MANIFEST_FILENAME).unlink(missing_ok=True)
+    scenarios = [s for mode in MODES for s in _scenarios(tree, mode) if world >= 3 or "group" not in s]
+    return world, run_ranks("dist_worker.py", world, {"scenarios": scenarios}, tree / f"run-{world}")
+
+
+def _same_on_every_rank(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The outcome all ranks share (ignoring what each hashed and where an error arose)."""
+    shared = [{k: v for k, v in o.items() if k not in ("hashed", "notes")} for o in outcomes]
+    assert all(o == shared[0] for o in shared), json.dumps(shared, indent=1)
+    return shared[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_verify_matches_local_verify(runs: Any, tree: Path, mode: str) -> None:
+    _world, results = runs
+    for name, ckpt, kwargs in [
+        ("verify-ok", "good", {}),
+        ("verify-strict", "good", {"strict": True}),
+        ("verify-corrupt", "corrupt", {}),
+        ("verify-quick", "quick", {"quick": True}),
+        ("verify-chunks", "big-verify", {}),
+        ("verify-chunks-corrupt", "big-corrupt", {}),
+        ("verify-no-manifest", "nomanifest", {}),
+        ("verify-bad-manifest", "badmanifest", {}),
+    ]:
+        shared = _same_on_every_rank(results[f"{name}/{mode}"])
+        assert shared == _local(lambda c=ckpt, k=kwargs: ifs.verify(tree / c, **k)), name
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_verdict_types(runs: Any, mode: str) -> None:
+    _world, results = runs
+    corrupt = _same_on_every_rank(results[f"verify-corrupt/{mode}"])
+    assert corrupt["type"] == "IntegrityError"
+    assert [p["path"] for p in corrupt["report"]["problems"]] == ["a.bin", "b.bin"]
+    chunks = _same_on_every_rank(results[f"verify-chunks-corrupt/{mode}"])
+    assert chunks["report"]["problems"][0]["byte_ranges"] == [[5 * CHUNK, 6 * CHUNK]]
+    assert _same_on_every_rank(results[f"verify-no-manifest/{mode}"])["type"] == "ManifestNotFoundError"
+    assert _same_on_every_rank(results[f"verify-bad-manifest/{mode}"])["type"] == "ManifestError"
+    assert _same_on_every_rank(results[f"seal-bogus/{mode}"])["type"] == "NotImplementedError"
+    quick = _same_on_every_rank(results[f"verify-quick/{mode}"])
+    assert quick["type"] == "IntegrityError" and quick["report"]["bytes_checked"] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failure_on_one_rank_is_raised_on_every_rank(runs: Any, tree: Path, mode: str) -> None:
+    _world, results = runs
+    reader = 1 if mode == "sharded" else 0
+    for name in ("verify-permission", "seal-permission"):
+        shared = _same_on_every_rank(results[f"{name}/{mode}"])
+        assert shared["type"] == "PermissionError"
+        assert "Permission denied (injected)" in shared["message"]
+        assert results[f"{name}/{mode}"][0]["notes"] == [f"(raised on rank {reader})"]
+    assert not (tree / f"seal-fault-{mode}" / MANIFEST_FILENAME).exists()
+    unexpected = _same_on_every_rank(results[f"verify-unexpected/{mode}"])
+    assert unexpected == {"type": "RuntimeError", "message": "ZeroDivisionError: injected", "report": None}
+    bad_option = _same_on_every_rank(results[f"verify-bad-option/{mode}"])
+    assert bad_option["type"] == "ValueError" and "max_workers" in bad_option["message"]
+
+
+def test_rank0_mode_reads_on_rank0_only(runs: Any) -> None:
+    _world, results = runs
+    outcomes = results["verify-rank1-faulty/rank0"]
+    assert _same_on_every_rank(outcomes)["type"] == "Report"
+    assert outcomes[0]["hashed"] == 650_000
+    assert all(o["hashed"] == 0 for o in outcomes[1:])
+
+
+def test_sharded_mode_spreads_the_bytes_over_ranks(runs: Any) -> None:
+    _world, results = runs
+    assert _same_on_every_rank(results["verify-rank1-faulty/sharded"])["type"] == "PermissionError"
+    for name in ("verify-ok", "verify-chunks", "seal-chunks"):
+        hashed = [o["hashed"] for o in results[f"{name}/sharded"]]
+        assert all(h > 0 for h in hashed), (name, hashed)
+        assert sum(hashed) == (BIG if "chunks" in name else 650_000), (name, hashed)
+    chunk_shares = [o["hashed"] for o in results["seal-chunks/sharded"]]
+    assert max(chunk_shares) - min(chunk_shares) <= CHUNK  # one big file, balanced by chunks
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seal_writes_the_manifest_a_local_seal_writes(runs: Any, tree: Path, tmp_path: Path, mode: str) -> None:
+    _world, results = runs
+    for name, ckpt, kwargs in [
+        ("seal", f"seal-{mode}", {}),
+        ("seal-chunks", f"big-seal-{mode}", {"granularity": "chunk", "chunk_size": CHUNK}),
+    ]:
+        shared = _same_on_every_rank(results[f"{name}/{mode}"])
+        written = (tree / ckpt / MANIFEST_FILENAME).read_bytes()
+        assert shared == {"type": "Manifest", "manifest": written.decode()}
+        copy = tmp_path / name
+        shutil.copytree(tree / ckpt, copy)
+        (copy / MANIFEST_FILENAME).unlink()
+        assert ifs.seal(copy, **kwargs).to_json() == written
+
+
+def test_subgroup(runs: Any, tree: Path) -> None:
+    world, results = runs
+    if world < 3:
+        pytest.skip("needs a third rank outside the group")
+    for mode in MODES:
+        outcomes = results[f"verify-subgroup/{mode}"]
+        assert outcomes[0] == {"type": "not a member"}
+        assert _same_on_every_rank(outcomes[1:]) == _local(lambda: ifs.verify(tree / "corrupt"))
+
+
+# --- without a process group, and pure pieces ----------------------------------------------------
+
+
+def test_without_process_group_the_local_functions_run(tmp_path: Path) -> None:
+    _files(tmp_path / "ckpt")
+    manifest = distributed.seal(tmp_path / "ckpt", mode="sharded")
+    assert manifest.to_json() == (tmp_path / "ckpt" / MANIFEST_FILENAME).read_bytes()
+    for mode in MODES:
+        assert distributed.verify(tmp_path / "ckpt", mode=mode) == ifs.verify(tmp_path / "ckpt")  # type: ignore[arg-type]
+    _flip(tmp_path / "ckpt" / "a.bin", 0)
+    with pytest.raises(IntegrityError, match="a.bin: mismatch"):
+        distributed.verify(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        distributed.verify(tmp_path / "ckpt", mode="everyone")  # type: ignore[arg-type]
+
+
+def test_shard_units_balances_bytes_deterministically() -> None:
+    mib = 1024 * 1024
+    sizes = [90, 50, 40, 30, 30, 10, 0, 0, 0]
+    units = [Unit(f"f{i}", 0, 0, size * mib) for i, size in enumerate(sizes)]
+    shares = shard_units(units, 3)
+    assert shares == shard_units(list(reversed(units)), 3)
+    key = lambda u: u.name  # noqa: E731
+    assert sorted((u for share in shares for u in share), key=key) == units
+    assert [sum(u.length for u in share) // mib for share in shares] == [90, 80, 80]
+    assert [len(share) for share in shares] == [1, 4, 4]  # the empty files spread too: each open costs
+    assert shard_units(units, 1) == [sorted(units, key=lambda u: -u.length)]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        IntegrityError(ifs.Report(problems=(ifs.Problem("a", "mismatch", "00", "11"),)), "/ckpt"),
+        ManifestNotFoundError("no manifest"),
+        ManifestError("bad manifest"),
+        NotImplementedError("blake9"),
+        PermissionError(13, "Permission denied", "/ckpt/a"),
+        FileNotFoundError("gone"),
+        TimeoutError("slow"),
+        ValueError("bad value"),
+        KeyError("k"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_failures_travel_with_type_and_message(exc: Exception) -> None:
+    failure = pickle.loads(pickle.dumps(Failure.from_exception(exc, rank=2)))
+    rebuilt = failure.to_exception()
+    assert failure.cause is None and failure.rank == 2
+    if isinstance(exc, KeyError):
+        assert type(rebuilt) is RuntimeError and str(rebuilt) == "KeyError: 'k'"
+        return
+    assert type(rebuilt) is type(exc) and str(rebuilt) == str(exc)
+    if isinstance(exc, OSError):
+        assert rebuilt.errno == exc.errno and rebuilt.filename == exc.filename
+    if isinstance(exc, IntegrityError):
+        assert rebuilt.report == exc.report  # type: ignore[attr-defined]
+
+
+def test_import_integrity_fs_does_not_import_torch() -> None:
+    code = "import sys, integrity_fs, integrity_fs.distributed; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_torch_gives_an_install_hint(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from integrity_fs import distributed\n"
+        "try:\n    distributed.verify('.')\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "pip install 'integrity-fs[torch]'" in out
