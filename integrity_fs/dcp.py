@@ -1,0 +1,486 @@
+"""``torch.distributed.checkpoint`` on any fsspec URL, sealed as it is written and verified before it is read.
+
+- :func:`save`: each rank hashes the files it writes while it writes them (no second read); the
+  digests travel to the coordinator with DCP's write results, and the coordinator writes the
+  manifest after ``.metadata`` (which it hashes too), once every rank has finished.
+- :func:`load`: verifies first (:func:`integrity_fs.distributed.verify`, sharded over the ranks),
+  then loads; a corrupt checkpoint raises :class:`~integrity_fs.IntegrityError` on every rank and
+  leaves ``state_dict`` untouched. A checkpoint without a manifest loads as before, with an INFO
+  log line, unless ``require_manifest=True``.
+- The pieces, for DCP flows of your own: :class:`HashingFsspecWriter` (a ``StorageWriter``) and
+  :class:`VerifyingFsspecReader` (a ``StorageReader``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import core, distributed, storage
+from .core import URL, Report
+from .errors import ManifestNotFoundError
+from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, chunk_range, new_hasher
+from .manifest import Manifest
+
+try:
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadPlanner, SavePlan, SavePlanner
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+except ImportError as exc:
+    raise ImportError(f"integrity_fs.dcp needs torch: {distributed.INSTALL_HINT}") from exc
+
+if TYPE_CHECKING:
+    import fsspec
+    from torch.distributed import ProcessGroup
+
+__all__ = ["HashingFsspecWriter", "VerifyingFsspecReader", "WrittenFile", "load", "save"]
+
+log = logging.getLogger("integrity_fs")
+
+#: Writes at least this large are hashed on a helper thread, overlapping the write that follows.
+BACKGROUND_MIN_BYTES = 1024 * 1024
+#: The helper thread takes copies in pieces of this size, at most ``_QUEUED_PIECES`` waiting:
+#: hashing may lag the writer by up to 64 MiB per open file.
+PIECE_BYTES = 8 * 1024 * 1024
+_QUEUED_PIECES = 8
+
+#: ``fqn`` prefix of the write results that carry digests to the coordinator (never in ``.metadata``).
+_CARRIER = "__integrity_fs__/"
+
+
+def save(
+    state_dict: dict[str, Any],
+    url: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    process_group: ProcessGroup | None = None,
+    algorithm: str = DEFAULT_ALGORITHM,
+    granularity: str = DEFAULT_GRANULARITY,
+    chunk_size: int | None = None,
+    planner: SavePlanner | None = None,
+    **writer_options: Any,
+) -> Manifest:
+    """``dcp.save`` to ``url`` (any fsspec URL), sealed while it is written; every rank returns the manifest.
+
+    A collective over ``process_group`` (default: the world, or a single process without an
+    initialised process group). ``writer_options`` go to ``FsspecWriter`` (``thread_count``,
+    ``sync_files``, ``single_file_per_rank``, ``overwrite``, ...). A failure on any rank raises
+    DCP's ``CheckpointException`` on every rank, and no new manifest is written.
+    """
+    writer = HashingFsspecWriter(
+        url,
+        algorithm=algorithm,
+        granularity=granularity,
+        chunk_size=chunk_size,
+        **writer_options,
+        **(storage_options or {}),
+    )
+    g = distributed._group(process_group)
+    with _single_process_quietly(g is None):
+        dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=process_group, no_dist=g is None)
+    if g is None:
+        assert writer.manifest is not None
+        return writer.manifest
+    manifest_json = distributed._broadcast(g, writer.manifest.to_json() if writer.manifest is not None else None)
+    assert manifest_json is not None  # rank 0 is DCP's coordinator: it wrote the manifest
+    return Manifest.from_json(manifest_json)
+
+
+def load(
+    state_dict: dict[str, Any],
+    url: URL,
+    *,
+    verify: bool = True,
+    storage_options: dict[str, Any] | None = None,
+    process_group: ProcessGroup | None = None,
+    require_manifest: bool = False,
+    mode: distributed.Mode = "sharded",
+    max_workers: int | None = None,
+    strict: bool = False,
+    planner: LoadPlanner | None = None,
+) -> Report | None:
+    """Verify the checkpoint at ``url``, then ``dcp.load`` it into ``state_dict`` (in place).
+
+    A collective over ``process_group``, like ``dcp.load``. Raises what
+    :func:`integrity_fs.distributed.verify` raises (the same on every rank) before any tensor is
+    read. Returns the verification report, or ``None`` when nothing was verified (``verify=False``,
+    or no manifest and ``require_manifest=False``).
+    """
+    report = None
+    if verify:
+        report = _verify_or_skip(
+            url,
+            process_group=process_group,
+            storage_options=storage_options,
+            require_manifest=require_manifest,
+            mode=mode,
+            max_workers=max_workers,
+            strict=strict,
+        )
+    reader = FsspecReader(url, **(storage_options or {}))
+    no_dist = distributed._group(process_group) is None
+    with _single_process_quietly(no_dist):
+        dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
+    return report
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+class WrittenFile(NamedTuple):
+    """One file a rank wrote: its name relative to the checkpoint root, size, and unit digests."""
+
+    name: str
+    size: int
+    digests: tuple[str, ...]
+
+
+class HashingFsspecWriter(FsspecWriter):
+    """An ``FsspecWriter`` that hashes each file while writing it and seals the checkpoint in ``finish``.
+
+    Every rank hashes what it writes; the digests reach the coordinator as extra write results
+    (removed before ``.metadata`` is written, so ``.metadata`` is exactly DCP's). The coordinator
+    writes the manifest after ``.metadata``; it is then in :attr:`manifest`. No file is read back.
+    The manifest lists the files this save wrote: other files already in the directory are
+    reported as extra by ``verify`` (and fail ``strict=True``).
+    """
+
+    def __init__(
+        self,
+        path: URL,
+        *,
+        algorithm: str = DEFAULT_ALGORITHM,
+        granularity: str = DEFAULT_GRANULARITY,
+        chunk_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
+        super().__init__(path, **kwargs)
+        resolved: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecWriter
+        self.hashing_fs = _HashingFileSystem(resolved, algorithm, chunk_size)
+        self.fs = self.hashing_fs  # type: ignore[assignment]  # DCP annotates its local FileSystem
+        self.algorithm = algorithm
+        self.granularity = granularity
+        self.chunk_size = chunk_size
+        self.manifest: Manifest | None = None
+
+    def reset(self, checkpoint_id: URL | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.hashing_fs.take_written()
+        self.manifest = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self.use_collectives:
+            raise NotImplementedError("HashingFsspecWriter seals one checkpoint from every rank: use_collectives=True")
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        def with_digests(done: Future[list[WriteResult]]) -> list[WriteResult]:
+            return done.value() + [_carrier(f) for f in self._written_files()]
+
+        return super().write_data(plan, planner).then(with_digests)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        files = [wr.storage_data for wrs in results for wr in wrs if _is_carrier(wr)]
+        super().finish(metadata, [[wr for wr in wrs if not _is_carrier(wr)] for wrs in results])
+        files += self._written_files()  # .metadata
+        manifest = self._build_manifest(files)
+        fs, root = storage.resolve(self.path, fs=self.hashing_fs.fs)
+        core.write_manifest(fs, root, manifest)
+        self.manifest = manifest
+
+    def _written_files(self) -> list[WrittenFile]:
+        prefix = os.fspath(self.path).rstrip("/") + "/"
+        out = []
+        for path, (size, digests) in self.hashing_fs.take_written().items():
+            if not path.startswith(prefix):
+                raise ValueError(f"{path} was written outside the checkpoint at {self.path}")
+            out.append(WrittenFile(path[len(prefix) :], size, digests))
+        return out
+
+    def _build_manifest(self, files: Sequence[WrittenFile]) -> Manifest:
+        sizes = {f.name: f.size for f in sorted(files)}
+        digests: dict[Unit, str | None] = {}
+        for f in files:
+            for index, digest in enumerate(f.digests):
+                start, end = chunk_range(f.size, self.chunk_size or max(1, f.size), index)
+                digests[Unit(f.name, index, start, end - start)] = digest
+        return core.build_manifest(self.algorithm, self.granularity, self.chunk_size, sizes, digests)
+
+
+def _carrier(file: WrittenFile) -> WriteResult:
+    return WriteResult(index=MetadataIndex(_CARRIER + file.name), size_in_bytes=file.size, storage_data=file)
+
+
+def _is_carrier(result: WriteResult) -> bool:
+    return result.index.fqn.startswith(_CARRIER) and isinstance(result.storage_data, WrittenFile)
+
+
+class _HashingFileSystem(_FsspecFileSystem):
+    """DCP's fsspec file system whose write streams hash what they write, recorded by path."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, algorithm: str, chunk_size: int | None) -> None:
+        super().__init__()
+        self.fs = fs
+        self._algorithm = algorithm
+        self._chunk_size = chunk_size
+        self._written: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: URL, mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode or "+" in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as raw:
+            stream = _HashingStream(raw, _StreamDigest(self._algorithm, self._chunk_size))
+            try:
+                yield stream
+            except BaseException:
+                stream.abandon()
+                raise
+            size, digests = stream.finish()
+        with self._lock:
+            self._written[os.fspath(path)] = (size, digests)
+
+    def rename(self, path: URL, new_path: URL) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            if os.fspath(path) in self._written:
+                self._written[os.fspath(new_path)] = self._written.pop(os.fspath(path))
+
+    def rm_file(self, path: URL) -> None:
+        super().rm_file(path)
+        with self._lock:
+            self._written.pop(os.fspath(path), None)
+
+    def take_written(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Size and digests of every file written (and closed) since the last call."""
+        with self._lock:
+            written, self._written = self._written, {}
+        return written
+
+
+class _StreamDigest:
+    """The digests of a byte stream fed in pieces: one digest, or one per ``chunk_size`` bytes."""
+
+    def __init__(self, algorithm: str, chunk_size: int | None) -> None:
+        self._algorithm = algorithm
+        self._chunk_size = chunk_size
+        self._hasher = new_hasher(algorithm)
+        self._in_chunk = 0
+        self._done: list[str] = []
+        self.size = 0
+
+    def update(self, data: memoryview) -> None:
+        self.size += len(data)
+        if self._chunk_size is None:
+            self._hasher.update(data)
+            return
+        while data:
+            take = min(len(data), self._chunk_size - self._in_chunk)
+            self._hasher.update(data[:take])
+            self._in_chunk += take
+            data = data[take:]
+            if self._in_chunk == self._chunk_size:
+                self._done.append(self._hasher.hexdigest())
+                self._hasher = new_hasher(self._algorithm)
+                self._in_chunk = 0
+
+    def digests(self) -> tuple[str, ...]:
+        """The unit digests in order; an empty stream has one (empty) unit."""
+        if self._in_chunk or not self._done:
+            return (*self._done, self._hasher.hexdigest())
+        return tuple(self._done)
+
+
+class _HashingStream(io.IOBase):
+    """A write stream that passes bytes to ``raw`` and hashes them, large writes on a helper thread.
+
+    A large write is copied (the writer may reuse its buffer once ``write`` returns) and hashed
+    while the writer goes on; once the helper thread has started, every later write goes through
+    it too, so the digest sees the bytes in order.
+    """
+
+    def __init__(self, raw: Any, digest: _StreamDigest) -> None:
+        super().__init__()
+        self._raw = raw
+        self._digest = digest
+        self._pieces: queue.Queue[bytes | None] | None = None
+        self._helper: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = self._raw.write(data)
+        n = len(view) if written is None else written
+        if self._pieces is None and n < BACKGROUND_MIN_BYTES:
+            self._digest.update(view[:n])
+        else:
+            for start in range(0, n, PIECE_BYTES):
+                self._queue().put(bytes(view[start : min(n, start + PIECE_BYTES)]))
+        return n
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+    def flush(self) -> None:
+        if not getattr(self._raw, "closed", False):
+            self._raw.flush()
+
+    def finish(self) -> tuple[int, tuple[str, ...]]:
+        """The stream's size and unit digests, once the helper thread is done."""
+        self.abandon()
+        if self._error is not None:
+            raise self._error
+        position = self._raw.tell()
+        if position != self._digest.size:
+            raise OSError(f"hashed {self._digest.size} bytes but the stream is at {position}: it was seeked")
+        return self._digest.size, self._digest.digests()
+
+    def abandon(self) -> None:
+        """Stop the helper thread (after it hashed what it was given)."""
+        if self._pieces is not None and self._helper is not None:
+            self._pieces.put(None)
+            self._helper.join()
+        self._pieces = self._helper = None
+
+    def _queue(self) -> queue.Queue[bytes | None]:
+        if self._pieces is None:
+            self._pieces = queue.Queue(maxsize=_QUEUED_PIECES)
+            self._helper = threading.Thread(target=self._hash_pieces, args=(self._pieces,), daemon=True)
+            self._helper.start()
+        return self._pieces
+
+    def _hash_pieces(self, pieces: queue.Queue[bytes | None]) -> None:
+        while (piece := pieces.get()) is not None:
+            if self._error is None:
+                try:
+                    self._digest.update(memoryview(piece))
+                except BaseException as exc:  # raised by finish(), in the writer's thread
+                    self._error = exc
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+class VerifyingFsspecReader(FsspecReader):
+    """An ``FsspecReader`` that verifies the checkpoint before it reads ``.metadata``.
+
+    ``read_metadata`` is the first thing ``dcp.load`` calls on every rank; with ``collective=True``
+    (the default) it runs :func:`integrity_fs.distributed.verify` over ``process_group``, so every
+    rank of that group must call it, as ``dcp.load`` does. With ``collective=False`` each process
+    verifies on its own (for ``no_dist`` loads). ``dcp.load`` wraps the verdict in its
+    ``CheckpointException``; :func:`integrity_fs.dcp.load` raises it as it is.
+    """
+
+    def __init__(
+        self,
+        path: URL,
+        *,
+        require_manifest: bool = False,
+        process_group: ProcessGroup | None = None,
+        collective: bool = True,
+        mode: distributed.Mode = "sharded",
+        max_workers: int | None = None,
+        strict: bool = False,
+        **storage_options: Any,
+    ) -> None:
+        super().__init__(path, **storage_options)
+        self._storage_options = storage_options
+        self._options: dict[str, Any] = {
+            "require_manifest": require_manifest,
+            "mode": mode,
+            "max_workers": max_workers,
+            "strict": strict,
+        }
+        self._process_group = process_group
+        self._collective = collective
+        self.report: Report | None = None
+        self._verdict: Exception | None = None
+        self._verified = False
+
+    def reset(self, checkpoint_id: URL | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.report, self._verdict, self._verified = None, None, False
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        self._verify_once()
+        return super().read_metadata(*args, **kwargs)
+
+    def _verify_once(self) -> None:
+        """Verify on the first call; later calls (DCP retries) repeat the verdict without collectives."""
+        if not self._verified:
+            self._verified = True
+            try:
+                self.report = _verify_or_skip(
+                    self.path,
+                    process_group=self._process_group,
+                    storage_options=self._storage_options,
+                    local=not self._collective,
+                    **self._options,
+                )
+            except Exception as exc:
+                self._verdict = exc
+        if self._verdict is not None:
+            raise self._verdict
+
+
+def _verify_or_skip(
+    url: URL,
+    *,
+    process_group: ProcessGroup | None,
+    storage_options: dict[str, Any] | None,
+    require_manifest: bool,
+    mode: distributed.Mode,
+    max_workers: int | None,
+    strict: bool,
+    local: bool = False,
+) -> Report | None:
+    """Verify (collectively unless ``local``); a missing manifest is logged and skipped unless required."""
+    try:
+        if local:
+            return core.verify(url, storage_options=storage_options, max_workers=max_workers, strict=strict)
+        return distributed.verify(
+            url,
+            group=process_group,
+            mode=mode,
+            storage_options=storage_options,
+            max_workers=max_workers,
+            strict=strict,
+        )
+    except ManifestNotFoundError:
+        if require_manifest:
+            raise
+        log.info("%s has no %s: loading it unverified", url, "manifest")
+        return None
+
+
+@contextlib.contextmanager
+def _single_process_quietly(single: bool) -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process: here that is documented, so quiet."""
+    if not single:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield

@@ -1,0 +1,180 @@
+"""One rank of a distributed DCP test: ``python dist_dcp_worker.py SPEC.json RANK``.
+
+For each target (a local directory, and an S3 prefix when the spec has an endpoint): save, load,
+load through VerifyingFsspecReader, corrupt and load, load without a manifest. Writes this rank's
+outcomes to ``rank<RANK>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as torch_dcp
+from fsspec.spec import AbstractFileSystem
+from torch.distributed.checkpoint import CheckpointException
+
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, Report, dcp
+
+
+def state(rank: int, *, empty: bool = False) -> dict[str, Any]:
+    """Tensors shared by every rank, one of this rank's own, and a non-tensor value."""
+    gen = torch.Generator().manual_seed(0)
+    shared = {f"w{i}": torch.randn(64 * 1024, generator=gen) for i in range(4)}
+    own = torch.full((1000,), float(rank + 1))
+    sd: dict[str, Any] = {"model": shared, f"rank{rank}": own, "step": 100}
+    if empty:
+        sd = {"model": {k: torch.zeros_like(v) for k, v in shared.items()}, f"rank{rank}": torch.zeros(1000), "step": 0}
+    return sd
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        if isinstance(value, dict):
+            if not same(value, b[key]):
+                return False
+        elif isinstance(value, torch.Tensor):
+            if not torch.equal(value, b[key]):
+                return False
+        elif value != b[key]:
+            return False
+    return True
+
+
+class ReadCounter:
+    """Counts files opened for reading through any fsspec filesystem."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self._open = AbstractFileSystem.open
+        counter = self
+
+        def counting_open(fs: AbstractFileSystem, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+            if "r" in mode:
+                counter.reads += 1
+            return counter._open(fs, path, mode, *args, **kwargs)
+
+        AbstractFileSystem.open = counting_open  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        AbstractFileSystem.open = self._open  # type: ignore[method-assign]
+
+
+class Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def attempt(fn: Callable[[], object]) -> dict[str, Any]:
+    try:
+        value = fn()
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        report = exc.report.to_dict() if isinstance(exc, IntegrityError) else None
+        return {"type": type(exc).__name__, "message": str(exc), "report": report}
+    if isinstance(value, Manifest):
+        return {"type": "Manifest", "manifest": value.to_json().decode()}
+    if isinstance(value, Report):
+        return {"type": "Report", "report": value.to_dict()}
+    return {"type": type(value).__name__}
+
+
+def on_rank0(rank: int, fn: Callable[[], None]) -> None:
+    dist.barrier()
+    if rank == 0:
+        fn()
+    dist.barrier()
+
+
+def run_target(url: str, options: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    out: dict[str, Any] = {}
+    source = state(rank)
+
+    counter = ReadCounter()
+    out["save"] = attempt(lambda: dcp.save(source, url, storage_options=options))
+    counter.close()
+    out["save"]["reads"] = counter.reads
+    out["files"] = sorted(p.rsplit("/", 1)[-1] for p in fs.find(root))
+
+    target = state(rank, empty=True)
+    counter = ReadCounter()
+    out["load"] = {**attempt(lambda: dcp.load(target, url, storage_options=options)), "equal": same(target, source)}
+    counter.close()
+    out["load"]["reads"] = counter.reads
+
+    target = state(rank, empty=True)
+    reader = dcp.VerifyingFsspecReader(url, **options)
+    loaded = attempt(lambda: torch_dcp.load(target, storage_reader=reader))
+    out["reader"] = {**loaded, "equal": same(target, source), "report": reader.report and reader.report.to_dict()}
+
+    def corrupt() -> None:
+        path = f"{root}/__{world - 1}_0.distcp"
+        data = bytearray(fs.cat_file(path))
+        data[len(data) // 2] ^= 1
+        fs.pipe_file(path, bytes(data))
+        fs.invalidate_cache()
+
+    on_rank0(rank, corrupt)
+    target = state(rank, empty=True)
+    out["corrupt"] = {
+        **attempt(lambda: dcp.load(target, url, storage_options=options)),
+        "untouched": same(target, state(rank, empty=True)),
+    }
+    target = state(rank, empty=True)
+    reader = dcp.VerifyingFsspecReader(url, **options)
+    out["reader-corrupt"] = {
+        **attempt(lambda: torch_dcp.load(target, storage_reader=reader)),
+        "untouched": same(target, state(rank, empty=True)),
+    }
+
+    unsealed = url + "-unsealed"
+    dcp.save(source, unsealed, storage_options=options)
+    on_rank0(rank, lambda: fs.rm_file(f"{root}-unsealed/{MANIFEST_FILENAME}"))
+    messages = Messages()
+    logging.getLogger("integrity_fs").addHandler(messages)
+    logging.getLogger("integrity_fs").setLevel(logging.INFO)
+    target = state(rank, empty=True)
+    out["unsealed"] = {
+        **attempt(lambda: dcp.load(target, unsealed, storage_options=options)),
+        "equal": same(target, source),
+        "log": messages.messages,
+    }
+    logging.getLogger("integrity_fs").removeHandler(messages)
+    target = state(rank, empty=True)
+    out["require"] = {
+        **attempt(lambda: dcp.load(target, unsealed, storage_options=options, require_manifest=True)),
+        "untouched": same(target, state(rank, empty=True)),
+    }
+    return out
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    world = spec["world_size"]
+    dist.init_process_group(
+        "gloo", init_method=spec["init_method"], rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    results = {
+        name: run_target(target["url"], target["options"], rank, world) for name, target in spec["targets"].items()
+    }
+    dist.destroy_process_group()
+    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""integrity_fs.dcp: DCP checkpoints sealed while written, verified before loaded, on local disk and S3.
+
+In-process tests run without a process group (DCP's single-process mode); tests/dist_dcp_worker.py
+runs the same flows on gloo process groups of 1 and 2 ranks, on a local directory and on S3 (moto).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import torch.distributed.checkpoint as torch_dcp
+from conftest import Backend
+from dist_launch import run_ranks
+from fsspec.implementations.memory import MemoryFileSystem
+from torch.distributed.checkpoint import CheckpointException
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp
+
+
+def _state() -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "model": {"big": torch.randn(600_000, generator=gen), "small": torch.arange(10)},
+        "step": 42,
+    }
+
+
+def _empty() -> dict[str, Any]:
+    return {"model": {"big": torch.zeros(600_000), "small": torch.zeros(10, dtype=torch.long)}, "step": 0}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (
+        torch.equal(a["model"]["big"], b["model"]["big"])
+        and torch.equal(a["model"]["small"], b["model"]["small"])
+        and a["step"] == b["step"]
+    )
+
+
+def _flip(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 1
+    fs.pipe_file(path, bytes(data))
+    fs.invalidate_cache()
+
+
+class CountingMemoryFS(MemoryFileSystem):
+    """A memory filesystem that counts files opened for reading."""
+
+    protocol = "countingmem"
+    reads = 0
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" in mode:
+            type(self).reads += 1
+        return super()._open(path, mode, **kwargs)
+
+
+fsspec.register_implementation("countingmem", CountingMemoryFS, clobber=True)
+
+
+def test_round_trip_local(tmp_path: Path) -> None:
+    url = str(tmp_path / "ckpt")
+    manifest = dcp.save(_state(), url)
+    assert sorted(manifest.files) == [".metadata", "__0_0.distcp"]
+    assert (tmp_path / "ckpt" / MANIFEST_FILENAME).read_bytes() == manifest.to_json()
+    target = _empty()
+    report = dcp.load(target, url)
+    assert report == ifs.verify(url) and report is not None and report.files_checked == 2
+    assert _same(target, _state())
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"granularity": "chunk", "chunk_size": 100_000}, {"thread_count": 2}, {"single_file_per_rank": False}],
+    ids=["file", "chunk", "two-threads", "file-per-tensor"],
+)
+def test_manifest_equals_a_seal_after_saving(tmp_path: Path, options: dict[str, Any]) -> None:
+    """Hashing while writing gives the bytes a seal that reads everything back gives."""
+    manifest = dcp.save(_state(), tmp_path / "ckpt", **options)
+    seal_options = {k: v for k, v in options.items() if k in ("granularity", "chunk_size")}
+    assert ifs.seal(tmp_path / "ckpt", **seal_options).to_json() == manifest.to_json()
+
+
+def test_save_reads_nothing_back() -> None:
+    url = f"countingmem://ckpt-{uuid.uuid4().hex}"
+    CountingMemoryFS.reads = 0
+    manifest = dcp.save(_state(), url)
+    assert CountingMemoryFS.reads == 0
+    assert ifs.verify(url).files_checked == len(manifest.files) == 2
+    assert CountingMemoryFS.reads >= 2  # the counter does count reads
+
+
+class FailingWriteMemoryFS(MemoryFileSystem):
+    """A memory filesystem whose data files fail after their first megabytes are written."""
+
+    protocol = "failingmem"
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        f = super()._open(path, mode, **kwargs)
+        if "w" in mode and path.endswith(".distcp"):
+            write = f.write
+
+            def failing_write(data: Any) -> int:
+                if f.tell() > 1_000_000:
+                    raise ConnectionResetError("injected: connection lost while writing")
+                return int(write(data))
+
+            f.write = failing_write
+        return f
+
+
+fsspec.register_implementation("failingmem", FailingWriteMemoryFS, clobber=True)
+
+
+def test_failed_write_writes_no_manifest_and_leaves_no_thread() -> None:
+    url = f"failingmem://ckpt-{uuid.uuid4().hex}"
+    threads = threading.active_count()
+    state = {"big": torch.randn(1_000_000)}  # 4 MB: hashed on the helper thread
+    with pytest.raises(CheckpointException):  # torch.save reports the failed write its own way
+        dcp.save(state, url)
+    assert not fsspec.filesystem("failingmem").exists(f"{url}/{MANIFEST_FILENAME}")
+    assert threading.active_count() == threads
+
+
+def test_corrupt_checkpoint_is_refused_and_state_untouched(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("file")
+    dcp.save(_state(), tmp_path / "ckpt")
+    _flip(fs, str(tmp_path / "ckpt" / "__0_0.distcp"))
+    target = _empty()
+    with pytest.raises(IntegrityError, match=r"__0_0\.distcp: mismatch") as caught:
+        dcp.load(target, tmp_path / "ckpt")
+    assert [p.path for p in caught.value.report.problems] == ["__0_0.distcp"]
+    assert _same(target, _empty())
+    dcp.load(target, tmp_path / "ckpt", verify=False)  # the user's explicit choice
+    assert target["step"] == 42
+
+
+def test_missing_manifest_loads_with_an_info_line_unless_required(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dcp.save(_state(), tmp_path / "ckpt")
+    (tmp_path / "ckpt" / MANIFEST_FILENAME).unlink()
+    target = _empty()
+    with pytest.raises(ManifestNotFoundError):
+        dcp.load(target, tmp_path / "ckpt", require_manifest=True)
+    assert _same(target, _empty())
+    with caplog.at_level(logging.INFO, logger="integrity_fs"):
+        assert dcp.load(target, tmp_path / "ckpt") is None
+    assert _same(target, _state())
+    assert any("loading it unverified" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_verifying_reader_composes_with_dcp_load(tmp_path: Path) -> None:
+    dcp.save(_state(), tmp_path / "ckpt")
+    target = _empty()
+    reader = dcp.VerifyingFsspecReader(str(tmp_path / "ckpt"), collective=False)
+    torch_dcp.load(target, storage_reader=reader, no_dist=True)
+    assert _same(target, _state()) and reader.report is not None and reader.report.ok
+    _flip(fsspec.filesystem("file"), str(tmp_path / "ckpt" / ".metadata"))
+    target = _empty()
+    with pytest.raises(CheckpointException, match="failed verification"):  # DCP wraps the verdict
+        torch_dcp.load(target, storage_reader=dcp.VerifyingFsspecReader(str(tmp_path / "ckpt")), no_dist=True)
+    assert _same(target, _empty())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_hashing_writer_composes_with_dcp_save(tmp_path: Path) -> None:
+    writer = dcp.HashingFsspecWriter(str(tmp_path / "ckpt"), granularity="chunk", chunk_size=1 << 20)
+    torch_dcp.save(_state(), storage_writer=writer, no_dist=True)
+    assert writer.manifest is not None and writer.manifest.granularity == "chunk"
+    assert ifs.read_manifest(tmp_path / "ckpt") == writer.manifest
+    with pytest.raises(NotImplementedError, match="bogus"):
+        dcp.HashingFsspecWriter(str(tmp_path / "other"), granularity="bogus")
+
+
+def test_round_trip_and_corruption_on_s3(s3_backend: Backend) -> None:
+    manifest = dcp.save(_state(), s3_backend.url, storage_options=s3_backend.storage_options)
+    assert s3_backend.listdir() == sorted([".metadata", MANIFEST_FILENAME, "__0_0.distcp"])
+    assert s3_backend.read(MANIFEST_FILENAME) == manifest.to_json()
+    target = _empty()
+    dcp.load(target, s3_backend.url, storage_options=s3_backend.storage_options)
+    assert _same(target, _state())
+    s3_backend.corrupt("__0_0.distcp", 1000)
+    target = _empty()
+    with pytest.raises(IntegrityError, match="__0_0.distcp"):
+        dcp.load(target, s3_backend.url, storage_options=s3_backend.storage_options)
+    assert _same(target, _empty())
+
+
+# --- real process groups ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3_prefix(s3_endpoint: str) -> tuple[str, dict[str, Any]]:
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    return f"s3://integrity-test/dcp-{uuid.uuid4().hex}", options
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-rank", "2-ranks"])
+def ranks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, s3_prefix: tuple[str, dict[str, Any]]
+) -> tuple[int, dict[str, list[dict[str, Any]]]]:
+    world = request.param
+    work = tmp_path_factory.mktemp(f"dcp-{world}")
+    prefix, options = s3_prefix
+    targets = {
+        "local": {"url": str(work / "ckpt"), "options": {}},
+        "s3": {"url": f"{prefix}/world-{world}", "options": options},
+    }
+    results = run_ranks("dist_dcp_worker.py", world, {"targets": targets}, work)
+    shutil.rmtree(work / "ckpt", ignore_errors=True)
+    return world, results
+
+
+def _shared(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    assert all(o == outcomes[0] for o in outcomes), outcomes
+    return outcomes[0]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_distributed_save_and_load(ranks: Any, target: str) -> None:
+    world, results = ranks
+    per_rank = results[target]
+    save = _shared([r["save"] for r in per_rank])
+    assert save["type"] == "Manifest" and save["reads"] == 0
+    distcp = [f"__{rank}_0.distcp" for rank in range(world)]
+    manifest = ifs.Manifest.from_json(save["manifest"])
+    assert sorted(manifest.files) == [".metadata", *distcp]
+    assert _shared([r["files"] for r in per_rank]) == sorted([".metadata", MANIFEST_FILENAME, *distcp])
+    assert all(r["load"]["reads"] > 0 for r in per_rank)  # the read counter counts
+    for step in ("load", "reader"):
+        shared = _shared([{k: v for k, v in r[step].items() if k != "reads"} for r in per_rank])
+        assert shared["type"] == "NoneType" if step == "reader" else shared["type"] == "Report"
+        assert shared["equal"] and shared["report"]["ok"]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_distributed_corruption_is_refused_on_every_rank(ranks: Any, target: str) -> None:
+    world, results = ranks
+    per_rank = results[target]
+    corrupt = _shared([r["corrupt"] for r in per_rank])
+    assert corrupt["type"] == "IntegrityError" and corrupt["untouched"]
+    assert [p["path"] for p in corrupt["report"]["problems"]] == [f"__{world - 1}_0.distcp"]
+    reader = _shared([r["reader-corrupt"] for r in per_rank])
+    assert reader["type"] == "CheckpointException" and "failed verification" in reader["message"]
+    assert reader["untouched"]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_distributed_missing_manifest(ranks: Any, target: str) -> None:
+    _world, results = ranks
+    per_rank = results[target]
+    unsealed = _shared([r["unsealed"] for r in per_rank])
+    assert unsealed["type"] == "NoneType" and unsealed["equal"]
+    assert len(unsealed["log"]) == 1 and "loading it unverified" in unsealed["log"][0]
+    required = _shared([r["require"] for r in per_rank])
+    assert required["type"] == "ManifestNotFoundError" and required["untouched"]
