@@ -41,7 +41,7 @@ class Row:
     others_cpu_s: float
 
 
-def _busy_s() -> float:
+def busy_s() -> float:
     """CPU seconds every process on the machine has used since boot."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
@@ -49,7 +49,7 @@ def _busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_s() -> float:
+def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -68,14 +68,14 @@ def _worker(rank: int, world: int, port: int, root: str, repeats: int, out: str)
             times: list[tuple[float, float]] = []
             for _ in range(repeats + 1):  # the first is a warm-up
                 dist.barrier()
-                busy, own = _busy_s(), _own_cpu_s()
+                busy, own = busy_s(), own_cpu_s()
                 start = time.perf_counter()
                 distributed.verify(root, mode=mode, max_workers=workers)  # type: ignore[arg-type]
                 dist.barrier()
                 elapsed = time.perf_counter() - start
                 used: list[Any] = [None] * world
-                dist.all_gather_object(used, _own_cpu_s() - own)
-                times.append((elapsed, _busy_s() - busy - sum(used)))
+                dist.all_gather_object(used, own_cpu_s() - own)
+                times.append((elapsed, busy_s() - busy - sum(used)))
             median = statistics.median(t for t, _ in times[1:])
             others = min(times[1:], key=lambda t: abs(t[0] - median))[1]
             rows.append(Row(world, mode, "1" if workers else f"default ({CORES})", median, max(0.0, others)))

@@ -51,10 +51,9 @@ log = logging.getLogger("integrity_fs")
 
 #: Writes at least this large are hashed on a helper thread, overlapping the write that follows.
 BACKGROUND_MIN_BYTES = 1024 * 1024
-#: The helper thread takes copies in pieces of this size, at most ``_QUEUED_PIECES`` waiting:
-#: hashing may lag the writer by up to 64 MiB per open file.
+#: The helper thread hashes copies of this size, from at most ``BUFFERS`` buffers per open file.
 PIECE_BYTES = 8 * 1024 * 1024
-_QUEUED_PIECES = 8
+BUFFERS = 4
 
 #: ``fqn`` prefix of the write results that carry digests to the coordinator (never in ``.metadata``).
 _CARRIER = "__integrity_fs__/"
@@ -241,10 +240,12 @@ class _HashingFileSystem(_FsspecFileSystem):
 
     @contextlib.contextmanager
     def create_stream(self, path: URL, mode: str) -> Iterator[io.IOBase]:
-        if "w" not in mode or "+" in mode:
+        if "r" in mode and "+" not in mode:
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
+        if "+" in mode or "a" in mode:
+            raise ValueError(f"cannot hash a stream opened with mode {mode!r}: only whole writes ('wb') are sealed")
         with super().create_stream(path, mode) as raw:
             stream = _HashingStream(raw, _StreamDigest(self._algorithm, self._chunk_size))
             try:
@@ -308,20 +309,17 @@ class _StreamDigest:
 
 
 class _HashingStream(io.IOBase):
-    """A write stream that passes bytes to ``raw`` and hashes them, large writes on a helper thread.
+    """A write stream that passes bytes to ``raw`` and hashes them on their way.
 
-    A large write is copied (the writer may reuse its buffer once ``write`` returns) and hashed
-    while the writer goes on; once the helper thread has started, every later write goes through
-    it too, so the digest sees the bytes in order.
+    Small writes are hashed at once; from the first large one on, hashing moves to a
+    :class:`_BackgroundDigest`, so it overlaps the writes that follow (bytes stay in order).
     """
 
     def __init__(self, raw: Any, digest: _StreamDigest) -> None:
         super().__init__()
         self._raw = raw
         self._digest = digest
-        self._pieces: queue.Queue[bytes | None] | None = None
-        self._helper: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._background: _BackgroundDigest | None = None
 
     def writable(self) -> bool:
         return True
@@ -330,11 +328,12 @@ class _HashingStream(io.IOBase):
         view = memoryview(data).cast("B")
         written = self._raw.write(data)
         n = len(view) if written is None else written
-        if self._pieces is None and n < BACKGROUND_MIN_BYTES:
+        if self._background is None and n < BACKGROUND_MIN_BYTES:
             self._digest.update(view[:n])
         else:
-            for start in range(0, n, PIECE_BYTES):
-                self._queue().put(bytes(view[start : min(n, start + PIECE_BYTES)]))
+            if self._background is None:
+                self._background = _BackgroundDigest(self._digest)
+            self._background.update(view[:n])
         return n
 
     def tell(self) -> int:
@@ -348,36 +347,70 @@ class _HashingStream(io.IOBase):
             self._raw.flush()
 
     def finish(self) -> tuple[int, tuple[str, ...]]:
-        """The stream's size and unit digests, once the helper thread is done."""
-        self.abandon()
-        if self._error is not None:
-            raise self._error
+        """The stream's size and unit digests, once every byte is hashed."""
+        if self._background is not None:
+            self._background.close()
         position = self._raw.tell()
         if position != self._digest.size:
             raise OSError(f"hashed {self._digest.size} bytes but the stream is at {position}: it was seeked")
         return self._digest.size, self._digest.digests()
 
     def abandon(self) -> None:
-        """Stop the helper thread (after it hashed what it was given)."""
-        if self._pieces is not None and self._helper is not None:
-            self._pieces.put(None)
-            self._helper.join()
-        self._pieces = self._helper = None
+        """Stop hashing (the write failed); errors of hashing no longer matter."""
+        if self._background is not None:
+            with contextlib.suppress(Exception):
+                self._background.close()
 
-    def _queue(self) -> queue.Queue[bytes | None]:
-        if self._pieces is None:
-            self._pieces = queue.Queue(maxsize=_QUEUED_PIECES)
-            self._helper = threading.Thread(target=self._hash_pieces, args=(self._pieces,), daemon=True)
-            self._helper.start()
-        return self._pieces
 
-    def _hash_pieces(self, pieces: queue.Queue[bytes | None]) -> None:
-        while (piece := pieces.get()) is not None:
+class _BackgroundDigest:
+    """Feeds a :class:`_StreamDigest` on a helper thread, in order, from a few reused buffers.
+
+    The writer copies each piece into a free buffer (its own may change once ``write`` returns)
+    and goes on; with every buffer taken it waits, so hashing lags by at most
+    ``BUFFERS * PIECE_BYTES``. Reused buffers spare the page faults of fresh allocations.
+    """
+
+    def __init__(self, digest: _StreamDigest) -> None:
+        self._digest = digest
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._allocated = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="integrity_fs-hash", daemon=True)
+        self._thread.start()
+
+    def update(self, view: memoryview) -> None:
+        for start in range(0, len(view), PIECE_BYTES):
+            piece = view[start : start + PIECE_BYTES]
+            buffer = self._take_buffer()
+            buffer[: len(piece)] = piece
+            self._work.put((buffer, len(piece)))
+
+    def close(self) -> None:
+        """Wait until every piece is hashed; raise what hashing raised."""
+        self._work.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _take_buffer(self) -> bytearray:
+        if self._allocated < BUFFERS:
+            try:
+                return self._free.get_nowait()
+            except queue.Empty:
+                self._allocated += 1
+                return bytearray(PIECE_BYTES)
+        return self._free.get()
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            buffer, length = item
             if self._error is None:
                 try:
-                    self._digest.update(memoryview(piece))
-                except BaseException as exc:  # raised by finish(), in the writer's thread
+                    self._digest.update(memoryview(buffer)[:length])
+                except BaseException as exc:  # raised by close(), in the writer's thread
                     self._error = exc
+            self._free.put(buffer)
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -280,12 +280,10 @@ def test_import_integrity_fs_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_missing_torch_gives_an_install_hint(tmp_path: Path) -> None:
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "from integrity_fs import distributed\n"
-        "try:\n    distributed.verify('.')\n"
-        "except ImportError as e:\n    print(e)\n"
-    )
+@pytest.mark.parametrize(
+    "use", ["from integrity_fs import distributed; distributed.verify('.')", "import integrity_fs.dcp"]
+)
+def test_missing_torch_gives_an_install_hint(use: str) -> None:
+    code = f"import sys; sys.modules['torch'] = None\ntry:\n    {use}\nexcept ImportError as e:\n    print(e)\n"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "pip install 'integrity-fs[torch]'" in out
