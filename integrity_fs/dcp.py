@@ -365,9 +365,10 @@ class _HashingStream(io.IOBase):
 class _BackgroundDigest:
     """Feeds a :class:`_StreamDigest` on a helper thread, in order, from a few reused buffers.
 
-    The writer copies each piece into a free buffer (its own may change once ``write`` returns)
-    and goes on; with every buffer taken it waits, so hashing lags by at most
-    ``BUFFERS * PIECE_BYTES``. Reused buffers spare the page faults of fresh allocations.
+    The writer copies each write into the current buffer (its own may change once ``write``
+    returns) and goes on; a full buffer goes to the helper thread. With every buffer taken the
+    writer waits, so hashing lags by at most ``BUFFERS * PIECE_BYTES``. Reused buffers spare the
+    page faults of fresh allocations.
     """
 
     def __init__(self, digest: _StreamDigest) -> None:
@@ -375,23 +376,36 @@ class _BackgroundDigest:
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
         self._allocated = 0
+        self._current: bytearray | None = None
+        self._filled = 0
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="integrity_fs-hash", daemon=True)
         self._thread.start()
 
     def update(self, view: memoryview) -> None:
-        for start in range(0, len(view), PIECE_BYTES):
-            piece = view[start : start + PIECE_BYTES]
-            buffer = self._take_buffer()
-            buffer[: len(piece)] = piece
-            self._work.put((buffer, len(piece)))
+        while view:
+            if self._current is None:
+                self._current, self._filled = self._take_buffer(), 0
+            take = min(len(view), PIECE_BYTES - self._filled)
+            self._current[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+            if self._filled == PIECE_BYTES:
+                self._submit()
 
     def close(self) -> None:
-        """Wait until every piece is hashed; raise what hashing raised."""
+        """Wait until every byte is hashed; raise what hashing raised."""
+        if self._current is not None:
+            self._submit()
         self._work.put(None)
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+    def _submit(self) -> None:
+        assert self._current is not None
+        self._work.put((self._current, self._filled))
+        self._current = None
 
     def _take_buffer(self) -> bytearray:
         if self._allocated < BUFFERS:
