@@ -6,7 +6,10 @@ runs the same flows on gloo process groups of 1 and 2 ranks, on a local director
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
+import random
 import shutil
 import threading
 import uuid
@@ -92,6 +95,28 @@ def test_manifest_equals_a_seal_after_saving(tmp_path: Path, options: dict[str, 
     manifest = dcp.save(_state(), tmp_path / "ckpt", **options)
     seal_options = {k: v for k, v in options.items() if k in ("granularity", "chunk_size")}
     assert ifs.seal(tmp_path / "ckpt", **seal_options).to_json() == manifest.to_json()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 777, 4096])
+@pytest.mark.parametrize("seed", range(4))
+def test_hashing_stream_digests_any_write_pattern(
+    monkeypatch: pytest.MonkeyPatch, chunk_size: int | None, seed: int
+) -> None:
+    """Small and large writes, across buffer and chunk boundaries, inline and on the helper thread."""
+    monkeypatch.setattr(dcp, "BACKGROUND_MIN_BYTES", 300)
+    monkeypatch.setattr(dcp, "PIECE_BYTES", 1000)
+    monkeypatch.setattr(dcp, "BUFFERS", 2)
+    rng = random.Random(seed)
+    raw = io.BytesIO()
+    stream = dcp._HashingStream(raw, dcp._StreamDigest("sha256", chunk_size))
+    for _ in range(60):
+        stream.write(rng.randbytes(rng.choice([0, 1, 50, 299, 300, 999, 1000, 1001, 5000])))
+    size, digests = stream.finish()
+    data = raw.getvalue()
+    assert size == len(data)
+    step = chunk_size or max(1, len(data))
+    expected = [hashlib.sha256(data[i : i + step]).hexdigest() for i in range(0, max(1, len(data)), step)]
+    assert list(digests) == expected
 
 
 def test_save_reads_nothing_back() -> None:
