@@ -1,0 +1,376 @@
+"""``python -m benchmarks [--quick] [--write] [--dir DIR] [--clean] [--only SECTION ...]``
+
+Runs every contender on the same bytes, each in its own child process, and prints markdown
+tables of median time, throughput, CPU use and peak RSS, then the targets as PASS/MISS lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks import datasets, s3
+from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
+from benchmarks.harness import CORES, REPO, Bench, log
+from benchmarks.report import (
+    chunk_size_lines,
+    local_targets,
+    machine_line,
+    reference_by,
+    rows_table,
+    s3_lines,
+    table,
+)
+
+RESULTS = os.path.join(REPO, "benchmarks", "results.md")
+SECTIONS = ("local", "memory", "chunks", "s3")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The sizes of one run (quick or full)."""
+
+    name: str
+    several: Dataset
+    one: Dataset
+    small: Dataset
+    memory: Dataset | None  # the 4 GiB checkpoint of the memory target; None: judged on ``several``
+    s3_sets: tuple[Dataset, ...]
+    chunk_sizes: tuple[int, ...]
+    repeats: int
+    sweep_repeats: int
+
+
+QUICK = Config(
+    name="quick",
+    several=Dataset("several", "several large files", 4, 64 * MiB),
+    one=Dataset("one", "one large file", 1, 256 * MiB),
+    small=Dataset("small", "thousands of small files", 1000, 64 * 1024),
+    memory=None,
+    s3_sets=(
+        Dataset("s3big", "S3 (moto), few large objects", 4, 16 * MiB),
+        Dataset("s3many", "S3 (moto), many objects", 16, 4 * MiB),
+    ),
+    chunk_sizes=(64 * MiB,),
+    repeats=3,
+    sweep_repeats=3,
+)
+FULL = Config(
+    name="full",
+    several=Dataset("several", "several large files", 4, 512 * MiB),
+    one=Dataset("one", "one large file", 1, GiB),
+    small=Dataset("small", "thousands of small files", 5000, 64 * 1024),
+    memory=Dataset("memory", "4 GiB checkpoint", 8, 512 * MiB),
+    s3_sets=(
+        Dataset("s3big", "S3 (moto), few large objects", 4, 64 * MiB),
+        Dataset("s3many", "S3 (moto), many objects", 16, 16 * MiB),
+    ),
+    chunk_sizes=(16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB),
+    repeats=5,
+    sweep_repeats=3,
+)
+
+
+def label_of(ds: Dataset) -> str:
+    return f"{ds.label} ({shape(ds)})"
+
+
+def run_baselines(bench: Bench) -> None:
+    """Idle children: what the interpreter and each contender's imports cost in RSS."""
+    for label, modules in (
+        ("python, nothing imported", ()),
+        ("python + integrity_fs", ("integrity_fs",)),
+        ("python + integrity_fs + s3fs", ("integrity_fs", "s3fs")),
+        ("python + model_signing", ("model_signing.hashing",)),
+    ):
+        bench.measure("baseline", "idle", label, "idle", {"modules": modules}, 0, key=f"idle:{label}", threads=1)
+
+
+def local_contenders(bench: Bench, ds: Dataset, *, ranges: bool) -> None:
+    """Every local contender on ``ds``; ``ranges`` adds the threaded 64 MiB range hash."""
+    data = datasets.data_dir(bench.root, ds)
+    sealed = datasets.sealed_dir(bench.root, ds)
+    chunked = datasets.sealed_dir(bench.root, ds, 64 * MiB)
+    datasets.warm(datasets.data_files(bench.root, ds))
+
+    def m(name: str, title: str, contender: str, params: dict[str, Any], **kw: Any) -> None:
+        bench.measure("local", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}", **kw)
+
+    m("verify", "integrity_fs.verify (file granularity, default workers)", "integrity_fs", {"url": sealed})
+    m(
+        "quick",
+        "integrity_fs.verify(quick=True)",
+        "integrity_fs",
+        {"url": sealed, "quick": True},
+        threads=1,
+        reads_content=False,
+    )
+    m("chunk", "integrity_fs.verify, chunk granularity (64 MiB)", "integrity_fs", {"url": chunked})
+    m("serial", "hashlib, 1 thread, 1 MiB reads", "hashlib-serial", {"directory": data}, threads=1)
+    m("threads", f"hashlib, {CORES} threads, one file per task", "hashlib-threads", {"directory": data})
+    if ranges:
+        m("ranges", f"hashlib, {CORES} threads, 64 MiB ranges", "hashlib-ranges", {"directory": data})
+    if shutil.which("sha256sum"):
+        m("sha256sum", "sha256sum (coreutils)", "sha256sum", {"directory": data}, threads=1)
+    if shutil.which("openssl"):
+        m("openssl", "openssl dgst -sha256", "openssl", {"directory": data}, threads=1)
+    m("ms-file", "model_signing, file serialization", "model_signing-file", {"directory": data})
+    m("ms-shard", "model_signing, shard serialization (1 GB shards)", "model_signing-shard", {"directory": data})
+
+
+def run_local(bench: Bench, cfg: Config) -> None:
+    local_contenders(bench, cfg.several, ranges=False)
+    local_contenders(bench, cfg.one, ranges=True)
+    local_contenders(bench, cfg.small, ranges=False)
+
+
+def run_memory(bench: Bench, cfg: Config) -> None:
+    """Peak RSS while verifying a 4 GiB checkpoint (full run only)."""
+    ds = cfg.memory
+    if ds is None:
+        log("memory: skipped in the quick run (the target is judged on the several-files set)")
+        return
+    datasets.warm(datasets.data_files(bench.root, ds))
+    for name, title, contender, params in (
+        (
+            "verify",
+            "integrity_fs.verify (file granularity)",
+            "integrity_fs",
+            {"url": datasets.sealed_dir(bench.root, ds)},
+        ),
+        (
+            "chunk",
+            "integrity_fs.verify, chunk granularity (64 MiB)",
+            "integrity_fs",
+            {"url": datasets.sealed_dir(bench.root, ds, 64 * MiB)},
+        ),
+        (
+            "threads",
+            f"hashlib, {CORES} threads, one file per task",
+            "hashlib-threads",
+            {"directory": datasets.data_dir(bench.root, ds)},
+        ),
+    ):
+        bench.measure("memory", label_of(ds), title, contender, params, ds.total_bytes, key=f"memory:{name}")
+
+
+def run_chunks(bench: Bench, cfg: Config) -> None:
+    """Issue 6: file vs chunk granularity at 1 and all workers over a sweep of chunk sizes, the
+    raw threaded range hash, and model_signing's 64 MiB shards."""
+    for ds in (cfg.one, cfg.several):
+        datasets.warm(datasets.data_files(bench.root, ds))
+        runs: list[tuple[str, str, str, dict[str, Any], int]] = []
+        for workers in sorted({1, CORES}):
+            sealed = datasets.sealed_dir(bench.root, ds)
+            runs.append(
+                (
+                    f"file-w{workers}",
+                    f"integrity_fs.verify, file, workers={workers}",
+                    "integrity_fs",
+                    {"url": sealed, "max_workers": workers},
+                    workers,
+                )
+            )
+            for size in cfg.chunk_sizes:
+                chunked = datasets.sealed_dir(bench.root, ds, size)
+                runs.append(
+                    (
+                        f"chunk{size // MiB}-w{workers}",
+                        f"integrity_fs.verify, chunk {human_size(size)}, workers={workers}",
+                        "integrity_fs",
+                        {"url": chunked, "max_workers": workers},
+                        workers,
+                    )
+                )
+        data = datasets.data_dir(bench.root, ds)
+        runs.append(
+            (
+                "ranges-raw",
+                f"hashlib, {CORES} threads, 64 MiB ranges (raw limit)",
+                "hashlib-ranges",
+                {"directory": data},
+                CORES,
+            )
+        )
+        runs.append(
+            (
+                "ms-shard64",
+                "model_signing, shard serialization (64 MiB shards)",
+                "model_signing-shard",
+                {"directory": data, "shard_size": 64 * MiB},
+                CORES,
+            )
+        )
+        for name, title, contender, params, threads in runs:
+            bench.measure(
+                "chunks",
+                label_of(ds),
+                title,
+                contender,
+                params,
+                ds.total_bytes,
+                key=f"{ds.key}:{name}",
+                repeats=cfg.sweep_repeats,
+                threads=threads,
+            )
+
+
+def run_s3(bench: Bench, cfg: Config) -> None:
+    """verify on a local moto S3 against bare s3fs reads of the same objects, same concurrency."""
+    from integrity_fs.core import REMOTE_WORKERS
+
+    with s3.moto_server() as options:
+        for ds in cfg.s3_sets:
+            log(f"  uploading {label_of(ds)} to moto ...")
+            url, paths = s3.upload(options, datasets.sealed_dir(bench.root, ds), ds.name)
+            workers = min(REMOTE_WORKERS, ds.count)
+            bare = {"paths": paths, "storage_options": options, "workers": workers}
+            for name, title, contender, params, kw in (
+                (
+                    "verify",
+                    "integrity_fs.verify (file granularity, default workers)",
+                    "integrity_fs",
+                    {"url": url, "storage_options": options},
+                    {},
+                ),
+                (
+                    "quick",
+                    "integrity_fs.verify(quick=True)",
+                    "integrity_fs",
+                    {"url": url, "storage_options": options, "quick": True},
+                    {"reads_content": False},
+                ),
+                ("stream", f"s3fs open/read(1 MiB), s3fs defaults, {workers} at a time", "s3-stream", bare, {}),
+                (
+                    "stream-sha",
+                    f"s3fs open/read(1 MiB) + sha256, {workers} at a time",
+                    "s3-stream",
+                    {**bare, "sha256": True},
+                    {},
+                ),
+                ("cat", f"s3fs cat_file, {workers} at a time", "s3-cat", bare, {}),
+            ):
+                bench.measure(
+                    "s3",
+                    label_of(ds),
+                    title,
+                    contender,
+                    params,
+                    ds.total_bytes,
+                    key=f"{ds.key}:{name}",
+                    server=True,
+                    **kw,
+                )
+
+
+def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
+    source = f"integrity_fs from {bench.import_path}" if bench.import_path else "the installed integrity_fs"
+    parts = [
+        f"# integrity_fs benchmarks ({cfg.name} run)",
+        "",
+        f"Machine: {machine_line()}.  ",
+        f"Command: `{command}` ({source}); the run took {elapsed_s:.0f} s.  ",
+        "**Hot cache**: every file was read once, untimed, before timing. Each contender ran in its own child "
+        "process: one warm-up call, then ≥3 timed calls; medians reported. GB/s = 10^9 bytes of the dataset per "
+        'second. "cores busy": the contender\'s CPU seconds per wall second. "other procs": the rest of the '
+        "machine (calls during which others took a core the contender could have used were dropped and rerun; "
+        '"timed calls" says how many were kept). "time ÷ integrity_fs": median time over integrity_fs.verify\'s '
+        "on the same bytes (above 1: slower than integrity_fs). Peak RSS is VmHWM of the child (for sha256sum and "
+        "openssl, of their process).",
+        "",
+    ]
+    sections = [
+        (
+            "Local files",
+            [r for r in bench.rows if r.section in ("local", "memory")],
+            reference_by(bench, "verify"),
+            False,
+        ),
+        (
+            f"Chunk vs file granularity (issue 6); ratios to file granularity with workers={CORES}",
+            [r for r in bench.rows if r.section == "chunks"],
+            reference_by(bench, f"file-w{CORES}"),
+            False,
+        ),
+        (
+            "S3 (moto's ThreadedMotoServer in the parent process, on 127.0.0.1)",
+            [r for r in bench.rows if r.section == "s3"],
+            reference_by(bench, "verify"),
+            True,
+        ),
+    ]
+    for title, rows, reference, server in sections:
+        if rows:
+            parts += [f"## {title}", "", rows_table(rows, reference, server=server), ""]
+    idle = [r for r in bench.rows if r.section == "baseline"]
+    parts += [
+        "## Baseline RSS of an idle child",
+        "",
+        table(["child", "peak RSS MiB"], [[r.label, f"{r.peak_mib:.0f}"] for r in idle]),
+        "",
+    ]
+    lines = local_targets(bench, cfg.several, cfg.one, cfg.memory)
+    lines += chunk_size_lines(bench, (cfg.one, cfg.several), cfg.chunk_sizes)
+    lines += s3_lines(bench, cfg.s3_sets, bench.find("several:threads"))
+    if lines:
+        parts += ["## Targets", "", *lines, ""]
+    contended = [f"- {r.dataset}: {r.label}" for r in bench.rows if r.result["contended"]]
+    if contended:
+        parts += [
+            "Other processes took cores during most timed calls of these rows; their numbers are pessimistic:",
+            "",
+            *contended,
+            "",
+        ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Benchmarks of integrity_fs.")
+    parser.add_argument("--quick", action="store_true", help="small datasets, about a minute")
+    parser.add_argument("--write", action="store_true", help="also write the report to benchmarks/results.md")
+    parser.add_argument("--dir", default=datasets.DEFAULT_ROOT, help="where datasets are cached (default: %(default)s)")
+    parser.add_argument("--clean", action="store_true", help="delete the cached datasets and exit")
+    parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section (repeatable)")
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=3.0,
+        help="seconds to wait before each contender for other processes to go idle (default: 3)",
+    )
+    parser.add_argument(
+        "--integrity-fs",
+        metavar="DIR",
+        help="benchmark the integrity_fs package in DIR (e.g. a copy with a proposed change)",
+    )
+    args = parser.parse_args(argv)
+    if args.clean:
+        datasets.clean(args.dir)
+        return
+
+    cfg = QUICK if args.quick else FULL
+    import_path = os.path.abspath(args.integrity_fs) if args.integrity_fs else None
+    bench = Bench(os.path.abspath(args.dir), cfg.repeats, args.max_wait, import_path)
+    command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    started = time.perf_counter()
+    run_baselines(bench)
+    runners = {"local": run_local, "memory": run_memory, "chunks": run_chunks, "s3": run_s3}
+    for section in SECTIONS:
+        if section in (args.only or SECTIONS):
+            log(f"{section}:")
+            runners[section](bench, cfg)
+    text = report(bench, cfg, command, time.perf_counter() - started)
+    print(text)
+    if args.write:
+        with open(RESULTS, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        log(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The markdown report: the machine, one table per section, and the targets as PASS/MISS lines."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable, Sequence
+
+from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
+from benchmarks.harness import CORES, Bench, Row
+
+
+def machine_line() -> str:
+    """CPU model, cores, whether the CPU has SHA extensions, memory, kernel, Python."""
+    model, flags = "unknown CPU", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = line
+    except OSError:
+        pass
+    sha = "sha_ni in the CPU flags" if " sha_ni" in flags else "no sha_ni in the CPU flags"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
+    return (
+        f"{model}, {CORES} cores, {sha}, {memory:.0f} GiB RAM, Linux {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def table(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def rows_table(rows: list[Row], reference: Callable[[Row], Row | None], *, server: bool = False) -> str:
+    """A row per contender; ``server`` adds the moto server's CPU column."""
+    headers = ["dataset", "contender", "median s", "GB/s", "cores busy"]
+    headers += ["moto server, cores"] if server else []
+    headers += ["other procs, cores", "peak RSS MiB", "RSS before work MiB", "time ÷ integrity_fs", "timed calls"]
+    body = []
+    for row in rows:
+        ref = reference(row)
+        cells = [
+            row.dataset,
+            row.label,
+            f"{row.median_s:.4f}",
+            f"{row.gbps:.2f}" if row.reads_content else "n/a",
+            f"{row.cores:.2f}",
+        ]
+        cells += [f"{row.server_cores:.2f}"] if server else []
+        cells += [
+            f"{row.other_cores:.2f}",
+            f"{row.peak_mib:.0f}",
+            f"{row.ready_mib:.0f}" if row.result["rss_ready_kib"] else "(subprocess)",
+            f"{row.median_s / ref.median_s:.2f}x" if ref is not None else "",
+            row.calls,
+        ]
+        body.append(cells)
+    return table(headers, body)
+
+
+def reference_by(bench: Bench, suffix: str) -> Callable[[Row], Row | None]:
+    """The row keyed ``<the row's dataset key>:<suffix>``."""
+    return lambda row: bench.find(f"{row.key.split(':')[0]}:{suffix}")
+
+
+def verdict(ok: bool, text: str, *rows: Row) -> str:
+    """A PASS/MISS line; flagged when a row it rests on was measured under contention."""
+    line = f"- **{'PASS' if ok else 'MISS'}** {text}"
+    if any(r.result["contended"] for r in rows):
+        line += " (measured while other processes held a core: rerun on an idle machine)"
+    return line
+
+
+def _overlap(a: Row, b: Row) -> bool:
+    """Whether the two rows' fastest-to-slowest ranges of timed calls overlap."""
+    return a.spread[0] <= b.spread[1] and b.spread[0] <= a.spread[1]
+
+
+def local_targets(bench: Bench, several: Dataset, one: Dataset, memory: Dataset | None) -> list[str]:
+    """Issue 7's local targets and issue 6's chunk targets."""
+    out: list[str] = []
+    f = bench.find
+    verify, threads = f("several:verify"), f("several:threads")
+    if verify and threads:
+        ratio = verify.gbps / threads.gbps
+        text = (
+            f"local verify of {several.label} ({shape(several)}): {verify.gbps:.2f} GB/s = {ratio:.2f}x bare "
+            f"all-cores hashlib ({threads.gbps:.2f} GB/s); target ≥ 0.9x"
+        )
+        out.append(verdict(ratio >= 0.9, text, verify, threads))
+
+    signing = [r for r in (f("several:ms-file"), f("several:ms-shard")) if r is not None]
+    if verify and signing:
+        best = min(signing, key=lambda r: r.median_s)
+        text = (
+            f"local verify faster than model_signing on {several.label}: {verify.median_s:.3f} s vs "
+            f"{best.median_s:.3f} s ({best.label}, its faster mode)"
+        )
+        if verify.median_s >= best.median_s and _overlap(verify, best):
+            text += (
+                f"; the gap ({verify.median_s / best.median_s - 1:.1%}) is within the run-to-run spread "
+                f"(integrity_fs {verify.spread[0]:.3f}-{verify.spread[1]:.3f} s, model_signing "
+                f"{best.spread[0]:.3f}-{best.spread[1]:.3f} s): both run at the all-cores SHA-256 limit"
+            )
+        out.append(verdict(verify.median_s < best.median_s, text, verify, best))
+    for ours, theirs in ((f("small:verify"), f("small:ms-file")), (f("one:chunk"), f("one:ms-file"))):
+        if ours and theirs:
+            out.append(
+                f"- NOTE {ours.dataset}: {ours.label} {ours.median_s:.3f} s, {theirs.label} "
+                f"{theirs.median_s:.3f} s ({theirs.median_s / ours.median_s:.2f}x the time)"
+            )
+
+    full, quick = f("one:verify"), f("one:quick")
+    if full and quick:
+        speedup = full.median_s / quick.median_s
+        text = (
+            f"quick verify on {one.label} ({shape(one)}): {quick.median_s * 1000:.2f} ms vs {full.median_s:.3f} s "
+            f"full = {speedup:.0f}x faster; target ≥ 100x"
+        )
+        out.append(verdict(speedup >= 100, text, full, quick))
+
+    mem = f("memory:verify") if memory is not None else f("several:verify")
+    if mem:
+        where = mem.dataset if memory is not None else f"{mem.dataset} (quick run; the target is for 4 GiB)"
+        text = (
+            f"peak RSS while verifying {where}: {mem.peak_mib:.0f} MiB, of which {mem.ready_mib:.0f} MiB before "
+            f"any work (interpreter + imports); target < 150 MiB"
+        )
+        out.append(verdict(mem.peak_mib < 150, text))
+
+    whole, chunk, raw = f("one:verify"), f("one:chunk"), f("one:ranges")
+    if whole and chunk and raw:
+        speedup = whole.median_s / chunk.median_s
+        text = (
+            f"issue 6, {one.label} ({shape(one)}): chunk granularity verifies {speedup:.2f}x faster than file "
+            f"granularity; target ≥ 1.8x"
+        )
+        out.append(verdict(speedup >= 1.8, text, whole, chunk))
+        ratio = chunk.gbps / raw.gbps
+        text = (
+            f"issue 6, {one.label}: chunk verify {chunk.gbps:.2f} GB/s = {ratio:.2f}x two cores' raw SHA-256 rate "
+            f"over 64 MiB ranges ({raw.gbps:.2f} GB/s); target ≥ 0.9x"
+        )
+        out.append(verdict(ratio >= 0.9, text, chunk, raw))
+    return out
+
+
+def chunk_size_lines(bench: Bench, datasets: Sequence[Dataset], chunk_sizes: Sequence[int]) -> list[str]:
+    """Which chunk size of the sweep verifies fastest, per dataset, with all workers."""
+    if len(chunk_sizes) < 2:
+        return []
+    out = []
+    for ds in datasets:
+        found = [(size, bench.find(f"{ds.key}:chunk{size // MiB}-w{CORES}")) for size in chunk_sizes]
+        timed = [(size, row) for size, row in found if row is not None]
+        if not timed:
+            continue
+        fastest = min(row.median_s for _, row in timed)
+        slowest = max(row.median_s for _, row in timed)
+        cells = ", ".join(
+            f"{human_size(size)} {row.median_s:.3f} s" + (" (fastest)" if row.median_s == fastest else "")
+            for size, row in timed
+        )
+        out.append(
+            f"- CHUNK SIZE {ds.label} ({shape(ds)}), workers={CORES}: {cells}; slowest/fastest = "
+            f"{slowest / fastest:.3f}"
+        )
+    return out
+
+
+def s3_lines(bench: Bench, s3_sets: Sequence[Dataset], local_rate: Row | None) -> list[str]:
+    """S3 verify vs the bare streaming read, what limits the local S3, and S3 memory."""
+    out = []
+    for ds in s3_sets:
+        verify, stream = bench.find(f"{ds.key}:verify"), bench.find(f"{ds.key}:stream")
+        if not (verify and stream):
+            continue
+        ratio = verify.gbps / stream.gbps
+        text = (
+            f"S3 verify, {ds.label} ({shape(ds)}): {verify.gbps:.3f} GB/s = {ratio:.2f}x the bare s3fs streaming "
+            f"read ({stream.gbps:.3f} GB/s); target ≥ 0.9x"
+        )
+        out.append(verdict(ratio >= 0.9, text, verify, stream))
+        if local_rate is not None:
+            out.append(
+                f"- NOTE the local S3 stack, not hashing, bounds S3: the bare read of {ds.label} moves "
+                f"{stream.gbps:.3f} GB/s with the client busy {stream.cores:.2f} cores and the moto server "
+                f"{stream.server_cores:.2f} cores of {CORES}, where local hashing reaches {local_rate.gbps:.2f} GB/s"
+            )
+        out.append(
+            f"- NOTE S3 memory, {ds.label} ({shape(ds)}): verify peaks at {verify.peak_mib:.0f} MiB "
+            f"({verify.ready_mib:.0f} MiB before work), the bare streaming read at {stream.peak_mib:.0f} MiB"
+        )
+    return out
