@@ -11,7 +11,7 @@ Times, on one state dict saved to a local directory (single process, no process 
 
 with ``sync_files`` off (the page cache only: the worst case for the hashing overhead) and on
 (DCP's default: fsync to disk). Medians after one warm-up; ``CPU s`` is this process's CPU time per
-save, ``others`` the CPU time other processes used during the median call. The machine may be
+save, ``others`` the CPU time other user processes used during the median call. The machine may be
 shared: only calls during which others used under a tenth of a core count (``timed calls`` says
 how many it took to get ``--repeats`` of them).
 A last line gives the time to hash the same bytes in memory on one core, the floor of what hashing adds.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import statistics
 import tempfile
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.distributed import busy_s, own_cpu_s
+from benchmarks.distributed import others_cpu_s
 
 MiB = 1024 * 1024
 #: A timed call counts when other processes used less than this fraction of one core meanwhile.
@@ -93,18 +94,18 @@ def _time(save: Callable[[str], object], workdir: Path, repeats: int) -> tuple[f
     """
     clean: list[tuple[float, float, float]] = []
     every: list[tuple[float, float, float]] = []
-    save(str(workdir / "ckpt"))  # warm-up
+    me = {os.getpid()}
+    path = workdir / "ckpt"
+    shutil.rmtree(path, ignore_errors=True)
+    save(str(path))  # warm-up
     while len(clean) < repeats and len(every) < 4 * repeats:
-        path = workdir / "ckpt"
         shutil.rmtree(path, ignore_errors=True)
-        busy, cpu = busy_s(), own_cpu_s()
+        others, cpu = others_cpu_s(me), time.process_time()
         start = time.perf_counter()
         save(str(path))
-        elapsed = time.perf_counter() - start
-        used = own_cpu_s() - cpu
-        run = (elapsed, used, max(0.0, busy_s() - busy - used))
+        run = (time.perf_counter() - start, time.process_time() - cpu, others_cpu_s(me) - others)
         every.append(run)
-        if run[2] < QUIET * elapsed:
+        if run[2] < QUIET * run[0]:
             clean.append(run)
     runs = clean if len(clean) >= repeats else every
     median = statistics.median(r[0] for r in runs)

@@ -11,7 +11,7 @@ Two worker settings per rank:
   small machine sharding has nothing left to win and oversubscribes the cores instead.
 
 Each timed call runs between two barriers, after one warm-up call. The machine may be shared:
-``others`` is the CPU time other processes used during the median call (from ``/proc/stat``), and
+``others`` is the CPU time other user processes used during the median call (from ``/proc``), and
 only calls during which others used under a tenth of a core count (``timed calls`` says how many
 it took to get ``--repeats`` of them; after four times that many, every call counts).
 """
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +34,7 @@ MiB = 1024 * 1024
 CORES = os.cpu_count() or 1
 #: A timed call counts when other processes used less than this fraction of one core meanwhile.
 QUIET = 0.1
+PF_KTHREAD = 0x00200000
 
 
 @dataclass(frozen=True)
@@ -46,32 +47,37 @@ class Row:
     calls: int
 
 
-def busy_s() -> float:
-    """CPU seconds every process on the machine has used since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+def others_cpu_s(exclude: Collection[int]) -> float:
+    """CPU seconds used so far by every user-space process but ``exclude``, ended children included.
+
+    Kernel threads are left out: the page-cache writeback a benchmark itself causes runs there.
+    """
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # fields[0] is field 3 of proc(5), "state"
+        if int(fields[6]) & PF_KTHREAD:
+            continue
+        ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _timed_verify(dist: Any, world: int, root: str, mode: str, workers: int | None) -> tuple[float, float]:
+def _timed_verify(dist: Any, ranks: Collection[int], root: str, mode: str, workers: int | None) -> tuple[float, float]:
     """One verify between barriers: (wall s, CPU s other processes used meanwhile), rank 0's view on every rank."""
     from integrity_fs import distributed
 
     dist.barrier()
-    busy, own = busy_s(), own_cpu_s()
+    others = others_cpu_s(ranks)
     start = time.perf_counter()
     distributed.verify(root, mode=mode, max_workers=workers)  # type: ignore[arg-type]
     dist.barrier()
-    elapsed = time.perf_counter() - start
-    used: list[Any] = [None] * world
-    dist.all_gather_object(used, own_cpu_s() - own)
-    result = [(elapsed, max(0.0, busy_s() - busy - sum(used)))]
+    result = [(time.perf_counter() - start, others_cpu_s(ranks) - others)]
     dist.broadcast_object_list(result, src=0)
     return result[0]
 
@@ -82,14 +88,16 @@ def _worker(rank: int, world: int, port: int, root: str, repeats: int, out: str)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=300)
     )
+    ranks: list[Any] = [None] * world
+    dist.all_gather_object(ranks, os.getpid())
     rows: list[Row] = []
     for workers in (1, None):
         for mode in ("rank0", "sharded"):
-            _timed_verify(dist, world, root, mode, workers)  # warm-up
+            _timed_verify(dist, ranks, root, mode, workers)  # warm-up
             clean: list[tuple[float, float]] = []
             every: list[tuple[float, float]] = []
             while len(clean) < repeats and len(every) < 4 * repeats:
-                run = _timed_verify(dist, world, root, mode, workers)
+                run = _timed_verify(dist, ranks, root, mode, workers)
                 every.append(run)
                 if run[1] < QUIET * run[0]:
                     clean.append(run)
