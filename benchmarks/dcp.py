@@ -58,8 +58,8 @@ def _state_dict(total_mib: int, tensors: int) -> dict[str, Any]:
 
 
 def _contenders(sd: dict[str, Any], sync: bool) -> dict[str, Callable[[str], object]]:
-    from torch.distributed.checkpoint import save as dcp_save
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     import integrity_fs
     from integrity_fs import dcp

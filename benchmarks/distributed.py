@@ -131,7 +131,7 @@ def _make_checkpoint(root: Path, files: int, size: int) -> None:
 
 
 def run(files: int, size: int, repeats: int, worlds: list[int]) -> list[Row]:
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="ifs-bench-dist-") as tmp:
@@ -139,7 +139,8 @@ def run(files: int, size: int, repeats: int, worlds: list[int]) -> list[Row]:
         _make_checkpoint(root, files, size)
         for world in worlds:
             out = Path(tmp) / f"rows-{world}"
-            mp.spawn(_worker, args=(world, _free_port(), str(root), repeats, str(out)), nprocs=world, join=True)
+            args = (world, _free_port(), str(root), repeats, str(out))
+            spawn(_worker, args=args, nprocs=world, join=True)  # type: ignore[no-untyped-call]
             rows += [Row(**r) for r in eval(out.read_text())]
     return rows
 
