@@ -48,7 +48,7 @@ from .core import (
     write_manifest,
 )
 from .errors import IntegrityError, ManifestError, ManifestNotFoundError
-from .hashing import DEFAULT_ALGORITHM, GRANULARITIES, Unit, new_hasher, plan_units
+from .hashing import DEFAULT_ALGORITHM, GRANULARITIES, StreamDigest, Unit, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
 
 PROG = "integrity-fs"
@@ -247,26 +247,13 @@ def copy_and_hash(
     With ``chunk_size`` the hash restarts at every chunk boundary, giving the chunk digests of a
     chunk manifest; without it there is one digest for the whole stream. Each byte is read once.
     """
-    digests: list[str] = []
-    hasher = new_hasher(algorithm)
-    in_chunk = 0
-    size = 0
+    digest = StreamDigest(algorithm, chunk_size)
     while block := src.read(COPY_BLOCK_SIZE):
         dst.write(block)
-        view = memoryview(block)
-        while view:
-            if chunk_size is not None and in_chunk == chunk_size:
-                digests.append(hasher.hexdigest())
-                hasher, in_chunk = new_hasher(algorithm), 0
-            take = len(view) if chunk_size is None else min(len(view), chunk_size - in_chunk)
-            hasher.update(view[:take])
-            in_chunk += take
-            view = view[take:]
-        size += len(block)
+        digest.update(block)
         if progress is not None:
             progress(len(block))
-    digests.append(hasher.hexdigest())
-    return Copied(size, tuple(digests))
+    return Copied(digest.size, digest.digests())
 
 
 def unit_digests(granularity: str, chunk_size: int | None, copied: dict[str, Copied]) -> dict[Unit, str | None]:

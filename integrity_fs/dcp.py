@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import core, distributed, storage
 from .core import URL, Report
 from .errors import ManifestNotFoundError
-from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, chunk_range, new_hasher
+from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, StreamDigest, Unit, chunk_range
 from .manifest import Manifest
 
 try:
@@ -247,7 +247,7 @@ class _HashingFileSystem(_FsspecFileSystem):
         if "+" in mode or "a" in mode:
             raise ValueError(f"cannot hash a stream opened with mode {mode!r}: only whole writes ('wb') are sealed")
         with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw, _StreamDigest(self._algorithm, self._chunk_size))
+            stream = _HashingStream(raw, StreamDigest(self._algorithm, self._chunk_size))
             try:
                 yield stream
             except BaseException:
@@ -275,39 +275,6 @@ class _HashingFileSystem(_FsspecFileSystem):
         return written
 
 
-class _StreamDigest:
-    """The digests of a byte stream fed in pieces: one digest, or one per ``chunk_size`` bytes."""
-
-    def __init__(self, algorithm: str, chunk_size: int | None) -> None:
-        self._algorithm = algorithm
-        self._chunk_size = chunk_size
-        self._hasher = new_hasher(algorithm)
-        self._in_chunk = 0
-        self._done: list[str] = []
-        self.size = 0
-
-    def update(self, data: memoryview) -> None:
-        self.size += len(data)
-        if self._chunk_size is None:
-            self._hasher.update(data)
-            return
-        while data:
-            take = min(len(data), self._chunk_size - self._in_chunk)
-            self._hasher.update(data[:take])
-            self._in_chunk += take
-            data = data[take:]
-            if self._in_chunk == self._chunk_size:
-                self._done.append(self._hasher.hexdigest())
-                self._hasher = new_hasher(self._algorithm)
-                self._in_chunk = 0
-
-    def digests(self) -> tuple[str, ...]:
-        """The unit digests in order; an empty stream has one (empty) unit."""
-        if self._in_chunk or not self._done:
-            return (*self._done, self._hasher.hexdigest())
-        return tuple(self._done)
-
-
 class _HashingStream(io.IOBase):
     """A write stream that passes bytes to ``raw`` and hashes them on their way.
 
@@ -315,7 +282,7 @@ class _HashingStream(io.IOBase):
     :class:`_BackgroundDigest`, so it overlaps the writes that follow (bytes stay in order).
     """
 
-    def __init__(self, raw: Any, digest: _StreamDigest) -> None:
+    def __init__(self, raw: Any, digest: StreamDigest) -> None:
         super().__init__()
         self._raw = raw
         self._digest = digest
@@ -363,7 +330,7 @@ class _HashingStream(io.IOBase):
 
 
 class _BackgroundDigest:
-    """Feeds a :class:`_StreamDigest` on a helper thread, in order, from a few reused buffers.
+    """Feeds a :class:`StreamDigest` on a helper thread, in order, from a few reused buffers.
 
     The writer copies each write into the current buffer (its own may change once ``write``
     returns) and goes on; a full buffer goes to the helper thread. With every buffer taken the
@@ -371,7 +338,7 @@ class _BackgroundDigest:
     page faults of fresh allocations.
     """
 
-    def __init__(self, digest: _StreamDigest) -> None:
+    def __init__(self, digest: StreamDigest) -> None:
         self._digest = digest
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()

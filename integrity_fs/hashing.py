@@ -121,3 +121,37 @@ def file_digest(algorithm: str, granularity: str, unit_digests: Sequence[str]) -
     """A file's digest from its units' digests, in chunk order."""
     check_granularity(granularity)
     return _COMBINERS[granularity](algorithm, unit_digests)
+
+
+class StreamDigest:
+    """The digests of a byte stream fed in pieces: one digest, or one per ``chunk_size`` bytes."""
+
+    def __init__(self, algorithm: str, chunk_size: int | None) -> None:
+        self._algorithm = algorithm
+        self._chunk_size = chunk_size
+        self._hasher = new_hasher(algorithm)
+        self._in_chunk = 0
+        self._done: list[str] = []
+        self.size = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        data = memoryview(data)
+        self.size += len(data)
+        if self._chunk_size is None:
+            self._hasher.update(data)
+            return
+        while data:
+            take = min(len(data), self._chunk_size - self._in_chunk)
+            self._hasher.update(data[:take])
+            self._in_chunk += take
+            data = data[take:]
+            if self._in_chunk == self._chunk_size:
+                self._done.append(self._hasher.hexdigest())
+                self._hasher = new_hasher(self._algorithm)
+                self._in_chunk = 0
+
+    def digests(self) -> tuple[str, ...]:
+        """The unit digests in order; an empty stream has one (empty) unit."""
+        if self._in_chunk or not self._done:
+            return (*self._done, self._hasher.hexdigest())
+        return tuple(self._done)

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp
+from integrity_fs.hashing import StreamDigest
 
 
 def _state() -> dict[str, Any]:
@@ -108,7 +109,7 @@ def test_hashing_stream_digests_any_write_pattern(
     monkeypatch.setattr(dcp, "BUFFERS", 2)
     rng = random.Random(seed)
     raw = io.BytesIO()
-    stream = dcp._HashingStream(raw, dcp._StreamDigest("sha256", chunk_size))
+    stream = dcp._HashingStream(raw, StreamDigest("sha256", chunk_size))
     for _ in range(60):
         stream.write(rng.randbytes(rng.choice([0, 1, 50, 299, 300, 999, 1000, 1001, 5000])))
     size, digests = stream.finish()
