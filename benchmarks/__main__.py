@@ -42,8 +42,8 @@ class Config:
     memory: Dataset | None  # the 4 GiB checkpoint of the memory target; None: judged on ``several``
     s3_sets: tuple[Dataset, ...]
     chunk_sizes: tuple[int, ...]
-    repeats: int
-    sweep_repeats: int
+    repeats: int  # timed calls per contender and round
+    rounds: int  # round-robin passes over a dataset's contenders
 
 
 QUICK = Config(
@@ -58,7 +58,7 @@ QUICK = Config(
     ),
     chunk_sizes=(64 * MiB,),
     repeats=3,
-    sweep_repeats=3,
+    rounds=1,
 )
 FULL = Config(
     name="full",
@@ -71,8 +71,8 @@ FULL = Config(
         Dataset("s3many", "S3 (moto), many objects", 16, 16 * MiB),
     ),
     chunk_sizes=(16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB),
-    repeats=5,
-    sweep_repeats=3,
+    repeats=3,
+    rounds=2,
 )
 
 
@@ -88,45 +88,44 @@ def run_baselines(bench: Bench) -> None:
         ("python + integrity_fs + s3fs", ("integrity_fs", "s3fs")),
         ("python + model_signing", ("model_signing.hashing",)),
     ):
-        bench.measure("baseline", "idle", label, "idle", {"modules": modules}, 0, key=f"idle:{label}", threads=1)
+        bench.add("baseline", "idle", label, "idle", {"modules": modules}, 0, key=f"idle:{label}")
+    bench.run()
 
 
-def local_contenders(bench: Bench, ds: Dataset, *, ranges: bool) -> None:
-    """Every local contender on ``ds``; ``ranges`` adds the threaded 64 MiB range hash."""
+def local_contenders(bench: Bench, ds: Dataset, *, ranges: bool = False, one_worker: bool = False) -> None:
+    """Every local contender on ``ds``; ``ranges`` adds the threaded 64 MiB range hash,
+    ``one_worker`` integrity_fs with ``max_workers=1``."""
     data = datasets.data_dir(bench.root, ds)
     sealed = datasets.sealed_dir(bench.root, ds)
     chunked = datasets.sealed_dir(bench.root, ds, 64 * MiB)
     datasets.warm(datasets.data_files(bench.root, ds))
 
     def m(name: str, title: str, contender: str, params: dict[str, Any], **kw: Any) -> None:
-        bench.measure("local", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}", **kw)
+        bench.add("local", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}", **kw)
 
     m("verify", "integrity_fs.verify (file granularity, default workers)", "integrity_fs", {"url": sealed})
-    m(
-        "quick",
-        "integrity_fs.verify(quick=True)",
-        "integrity_fs",
-        {"url": sealed, "quick": True},
-        threads=1,
-        reads_content=False,
-    )
+    m("quick", "integrity_fs.verify(quick=True)", "integrity_fs", {"url": sealed, "quick": True}, reads_content=False)
+    if one_worker:
+        title = "integrity_fs.verify, max_workers=1"
+        m("verify-w1", title, "integrity_fs", {"url": sealed, "max_workers": 1})
     m("chunk", "integrity_fs.verify, chunk granularity (64 MiB)", "integrity_fs", {"url": chunked})
-    m("serial", "hashlib, 1 thread, 1 MiB reads", "hashlib-serial", {"directory": data}, threads=1)
+    m("serial", "hashlib, 1 thread, 1 MiB reads", "hashlib-serial", {"directory": data})
     m("threads", f"hashlib, {CORES} threads, one file per task", "hashlib-threads", {"directory": data})
     if ranges:
         m("ranges", f"hashlib, {CORES} threads, 64 MiB ranges", "hashlib-ranges", {"directory": data})
     if shutil.which("sha256sum"):
-        m("sha256sum", "sha256sum (coreutils)", "sha256sum", {"directory": data}, threads=1)
+        m("sha256sum", "sha256sum (coreutils)", "sha256sum", {"directory": data})
     if shutil.which("openssl"):
-        m("openssl", "openssl dgst -sha256", "openssl", {"directory": data}, threads=1)
+        m("openssl", "openssl dgst -sha256", "openssl", {"directory": data})
     m("ms-file", "model_signing, file serialization", "model_signing-file", {"directory": data})
     m("ms-shard", "model_signing, shard serialization (1 GB shards)", "model_signing-shard", {"directory": data})
+    bench.run()
 
 
 def run_local(bench: Bench, cfg: Config) -> None:
-    local_contenders(bench, cfg.several, ranges=False)
+    local_contenders(bench, cfg.several)
     local_contenders(bench, cfg.one, ranges=True)
-    local_contenders(bench, cfg.small, ranges=False)
+    local_contenders(bench, cfg.small, one_worker=True)
 
 
 def run_memory(bench: Bench, cfg: Config) -> None:
@@ -156,68 +155,45 @@ def run_memory(bench: Bench, cfg: Config) -> None:
             {"directory": datasets.data_dir(bench.root, ds)},
         ),
     ):
-        bench.measure("memory", label_of(ds), title, contender, params, ds.total_bytes, key=f"memory:{name}")
+        bench.add("memory", label_of(ds), title, contender, params, ds.total_bytes, key=f"memory:{name}")
+    bench.run()
 
 
 def run_chunks(bench: Bench, cfg: Config) -> None:
-    """Issue 6: file vs chunk granularity at 1 and all workers over a sweep of chunk sizes, the
-    raw threaded range hash, and model_signing's 64 MiB shards."""
+    """Issue 6: file vs chunk granularity at 1 and all workers, the chunk-size sweep at all
+    workers, the raw threaded range hash, and model_signing's 64 MiB shards."""
     for ds in (cfg.one, cfg.several):
         datasets.warm(datasets.data_files(bench.root, ds))
-        runs: list[tuple[str, str, str, dict[str, Any], int]] = []
-        for workers in sorted({1, CORES}):
-            sealed = datasets.sealed_dir(bench.root, ds)
-            runs.append(
-                (
-                    f"file-w{workers}",
-                    f"integrity_fs.verify, file, workers={workers}",
-                    "integrity_fs",
-                    {"url": sealed, "max_workers": workers},
-                    workers,
-                )
+
+        def m(name: str, title: str, contender: str, params: dict[str, Any], ds: Dataset = ds) -> None:
+            bench.add("chunks", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}")
+
+        def verify(workers: int, chunk_size: int | None, ds: Dataset = ds) -> None:
+            url = datasets.sealed_dir(bench.root, ds, chunk_size)
+            what = "file" if chunk_size is None else f"chunk {human_size(chunk_size)}"
+            name = "file" if chunk_size is None else f"chunk{chunk_size // MiB}"
+            m(
+                f"{name}-w{workers}",
+                f"integrity_fs.verify, {what}, workers={workers}",
+                "integrity_fs",
+                {"url": url, "max_workers": workers},
             )
+
+        verify(1, None)
+        verify(1, 64 * MiB)
+        if CORES > 1:
+            verify(CORES, None)
             for size in cfg.chunk_sizes:
-                chunked = datasets.sealed_dir(bench.root, ds, size)
-                runs.append(
-                    (
-                        f"chunk{size // MiB}-w{workers}",
-                        f"integrity_fs.verify, chunk {human_size(size)}, workers={workers}",
-                        "integrity_fs",
-                        {"url": chunked, "max_workers": workers},
-                        workers,
-                    )
-                )
+                verify(CORES, size)
         data = datasets.data_dir(bench.root, ds)
-        runs.append(
-            (
-                "ranges-raw",
-                f"hashlib, {CORES} threads, 64 MiB ranges (raw limit)",
-                "hashlib-ranges",
-                {"directory": data},
-                CORES,
-            )
+        m("ranges-raw", f"hashlib, {CORES} threads, 64 MiB ranges (raw limit)", "hashlib-ranges", {"directory": data})
+        m(
+            "ms-shard64",
+            "model_signing, shard serialization (64 MiB shards)",
+            "model_signing-shard",
+            {"directory": data, "shard_size": 64 * MiB},
         )
-        runs.append(
-            (
-                "ms-shard64",
-                "model_signing, shard serialization (64 MiB shards)",
-                "model_signing-shard",
-                {"directory": data, "shard_size": 64 * MiB},
-                CORES,
-            )
-        )
-        for name, title, contender, params, threads in runs:
-            bench.measure(
-                "chunks",
-                label_of(ds),
-                title,
-                contender,
-                params,
-                ds.total_bytes,
-                key=f"{ds.key}:{name}",
-                repeats=cfg.sweep_repeats,
-                threads=threads,
-            )
+        bench.run()
 
 
 def run_s3(bench: Bench, cfg: Config) -> None:
@@ -230,42 +206,29 @@ def run_s3(bench: Bench, cfg: Config) -> None:
             url, paths = s3.upload(options, datasets.sealed_dir(bench.root, ds), ds.name)
             workers = min(REMOTE_WORKERS, ds.count)
             bare = {"paths": paths, "storage_options": options, "workers": workers}
-            for name, title, contender, params, kw in (
-                (
-                    "verify",
-                    "integrity_fs.verify (file granularity, default workers)",
-                    "integrity_fs",
-                    {"url": url, "storage_options": options},
-                    {},
-                ),
-                (
-                    "quick",
-                    "integrity_fs.verify(quick=True)",
-                    "integrity_fs",
-                    {"url": url, "storage_options": options, "quick": True},
-                    {"reads_content": False},
-                ),
-                ("stream", f"s3fs open/read(1 MiB), s3fs defaults, {workers} at a time", "s3-stream", bare, {}),
-                (
-                    "stream-sha",
-                    f"s3fs open/read(1 MiB) + sha256, {workers} at a time",
-                    "s3-stream",
-                    {**bare, "sha256": True},
-                    {},
-                ),
-                ("cat", f"s3fs cat_file, {workers} at a time", "s3-cat", bare, {}),
-            ):
-                bench.measure(
-                    "s3",
-                    label_of(ds),
-                    title,
-                    contender,
-                    params,
-                    ds.total_bytes,
-                    key=f"{ds.key}:{name}",
-                    server=True,
-                    **kw,
-                )
+
+            def m(name: str, title: str, contender: str, params: dict[str, Any], ds: Dataset = ds, **kw: Any) -> None:
+                key = f"{ds.key}:{name}"
+                bench.add("s3", label_of(ds), title, contender, params, ds.total_bytes, key=key, server=True, **kw)
+
+            m(
+                "verify",
+                "integrity_fs.verify (file granularity, default workers)",
+                "integrity_fs",
+                {"url": url, "storage_options": options},
+            )
+            m(
+                "quick",
+                "integrity_fs.verify(quick=True)",
+                "integrity_fs",
+                {"url": url, "storage_options": options, "quick": True},
+                reads_content=False,
+            )
+            m("stream", f"s3fs open/read(1 MiB), s3fs defaults, {workers} at a time", "s3-stream", bare)
+            hashed = {**bare, "sha256": True}
+            m("stream-sha", f"s3fs open/read(1 MiB) + sha256, {workers} at a time", "s3-stream", hashed)
+            m("cat", f"s3fs cat_file, {workers} at a time", "s3-cat", bare)
+            bench.run()
 
 
 def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
@@ -276,12 +239,13 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
         f"Machine: {machine_line()}.  ",
         f"Command: `{command}` ({source}); the run took {elapsed_s:.0f} s.  ",
         "**Hot cache**: every file was read once, untimed, before timing. Each contender ran in its own child "
-        "process: one warm-up call, then ≥3 timed calls; medians reported. GB/s = 10^9 bytes of the dataset per "
-        'second. "cores busy": the contender\'s CPU seconds per wall second. "other procs": the rest of the '
-        "machine (calls during which others took a core the contender could have used were dropped and rerun; "
-        '"timed calls" says how many were kept). "time ÷ integrity_fs": median time over integrity_fs.verify\'s '
-        "on the same bytes (above 1: slower than integrity_fs). Peak RSS is VmHWM of the child (for sha256sum and "
-        "openssl, of their process).",
+        f"process, {cfg.rounds} time(s) round-robin with the other contenders of its dataset: each time one "
+        f"warm-up call, then ≥{cfg.repeats} timed calls. Medians over all kept calls; GB/s = 10^9 bytes of the "
+        'dataset per second. "cores busy": the contender\'s CPU seconds per wall second. "other procs": the '
+        "rest of the machine; calls during which it kept more than 0.25 cores busy were dropped and rerun, and "
+        '"timed calls" says how many were kept. "time ÷ integrity_fs": median time over integrity_fs.verify\'s '
+        "on the same bytes (above 1: slower than integrity_fs). Peak RSS: VmHWM of the child (for sha256sum "
+        "and openssl, of their process).",
         "",
     ]
     sections = [
@@ -355,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = QUICK if args.quick else FULL
     import_path = os.path.abspath(args.integrity_fs) if args.integrity_fs else None
-    bench = Bench(os.path.abspath(args.dir), cfg.repeats, args.max_wait, import_path)
+    bench = Bench(os.path.abspath(args.dir), cfg.repeats, cfg.rounds, args.max_wait, import_path)
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
     started = time.perf_counter()
     run_baselines(bench)

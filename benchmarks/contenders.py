@@ -186,7 +186,7 @@ def model_signing_file(directory: str, *, max_workers: int | None = None) -> Run
     files in a thread pool (its default size)."""
     from model_signing import hashing
 
-    config = hashing.Config().use_file_serialization(max_workers=max_workers)
+    config = hashing.Config().use_file_serialization(max_workers=max_workers)  # type: ignore[no-untyped-call]
     return lambda: config.hash(directory)
 
 
@@ -196,7 +196,9 @@ def model_signing_shard(directory: str, *, shard_size: int = 1_000_000_000, max_
     digest per ``shard_size`` byte range (default 1 GB), shards in a thread pool."""
     from model_signing import hashing
 
-    config = hashing.Config().use_shard_serialization(shard_size=shard_size, max_workers=max_workers)
+    config = hashing.Config().use_shard_serialization(  # type: ignore[no-untyped-call]
+        shard_size=shard_size, max_workers=max_workers
+    )
     return lambda: config.hash(directory)
 
 

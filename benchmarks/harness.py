@@ -15,6 +15,8 @@ from benchmarks.runner import system_busy_s
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORES = os.cpu_count() or 1
+#: Other processes' load, in cores, above which a timed call counts as contended.
+CONTENTION_CORES = 0.25
 
 
 def log(message: str) -> None:
@@ -40,7 +42,7 @@ class Row:
 
     @property
     def median_s(self) -> float:
-        return statistics.median(self.result["times_s"])
+        return float(statistics.median(self.result["times_s"]))
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -82,17 +84,46 @@ class Row:
         return str(used)
 
 
+@dataclass(frozen=True)
+class Job:
+    """A contender to run on a dataset, and where its row goes."""
+
+    section: str
+    dataset: str
+    label: str
+    key: str
+    nbytes: int
+    reads_content: bool
+    spec: dict[str, Any]
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from a job's rounds: the timed calls of its clean rounds (of all if none is)."""
+    used = [r for r in results if not r["contended"]] or results
+    merged: dict[str, Any] = {
+        name: [x for r in used for x in r[name]] for name in ("times_s", "cpu_s", "other_cpu_s", "server_cpu_s")
+    }
+    merged["calls"] = sum(r["calls"] for r in results)
+    merged["dropped"] = merged["calls"] - len(merged["times_s"])
+    merged["contended"] = all(r["contended"] for r in results)
+    merged["rss_ready_kib"] = max(r["rss_ready_kib"] for r in results)
+    merged["rss_peak_kib"] = max(r["rss_peak_kib"] for r in results)
+    return merged
+
+
 @dataclass
 class Bench:
-    """Runs contenders in child processes and keeps their rows."""
+    """Runs contenders in child processes, round-robin, and keeps their rows."""
 
     root: str
     repeats: int
+    rounds: int
     max_wait_s: float
     import_path: str | None = None  # another integrity_fs to benchmark instead of the installed one
     rows: list[Row] = field(default_factory=list)
+    pending: list[Job] = field(default_factory=list)
 
-    def measure(
+    def add(
         self,
         section: str,
         dataset: str,
@@ -104,30 +135,43 @@ class Bench:
         key: str,
         repeats: int | None = None,
         reads_content: bool = True,
-        threads: int = CORES,
         server: bool = False,
-    ) -> Row:
-        """Run ``contender`` in a child. ``threads``: the most cores it can use (other processes
-        may use the rest without counting as contention). ``server``: this process runs the S3
-        server, whose CPU time the child reports apart."""
-        self._wait_for_idle(self.max_wait_s)
+    ) -> None:
+        """Queue ``contender`` for the next :meth:`run`; ``server``: this process runs the S3
+        server, whose CPU time the child reports apart from the other processes'."""
         spec = {
             "contender": contender,
             "params": params,
             "repeats": repeats or self.repeats,
-            "contention_cores": max(0.25, CORES - threads + 0.25),
+            "contention_cores": CONTENTION_CORES,
             "server_pid": os.getpid() if server else None,
             "import_path": self.import_path,
         }
-        log(f"  {dataset}: {label} ...")
-        result = self._child(spec)
-        if result["contended"]:
-            log("    contended: waiting for the machine to go idle, then once more")
-            self._wait_for_idle(4 * self.max_wait_s)
-            result = self._child(spec)
-        row = Row(section, dataset, label, nbytes, result, key, reads_content)
-        self.rows.append(row)
-        return row
+        self.pending.append(Job(section, dataset, label, key, nbytes, reads_content, spec))
+
+    def run(self) -> None:
+        """Run the queued jobs ``rounds`` times round-robin, so that slow drift of the machine
+        weighs on every contender alike, and keep a row per job with its rounds merged.
+
+        A call during which other processes kept more than ``CONTENTION_CORES`` busy is dropped,
+        even for one-thread contenders: a neighbour on the other vCPU of a 2-core VM slowed
+        them by 10-17% (shared caches and memory bandwidth, or SMT siblings). A round with too
+        few clean calls is run once more after waiting for the machine to go idle."""
+        results: dict[str, list[dict[str, Any]]] = {job.key: [] for job in self.pending}
+        for round_ in range(1, self.rounds + 1):
+            for job in self.pending:
+                log(f"  [{round_}/{self.rounds}] {job.dataset}: {job.label} ...")
+                self._wait_for_idle(self.max_wait_s)
+                result = self._child(job.spec)
+                if result["contended"]:
+                    log("    contended: waiting for the machine to go idle, then once more")
+                    self._wait_for_idle(4 * self.max_wait_s)
+                    result = self._child(job.spec)
+                results[job.key].append(result)
+        for job in self.pending:
+            result = merge(results[job.key])
+            self.rows.append(Row(job.section, job.dataset, job.label, job.nbytes, result, job.key, job.reads_content))
+        self.pending.clear()
 
     def _child(self, spec: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()

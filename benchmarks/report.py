@@ -108,6 +108,12 @@ def local_targets(bench: Bench, several: Dataset, one: Dataset, memory: Dataset 
                 f"{best.spread[0]:.3f}-{best.spread[1]:.3f} s): both run at the all-cores SHA-256 limit"
             )
         out.append(verdict(verify.median_s < best.median_s, text, verify, best))
+    default, single = f("small:verify"), f("small:verify-w1")
+    if default and single:
+        out.append(
+            f"- NOTE {single.dataset}: integrity_fs.verify takes {single.median_s:.3f} s with one worker, "
+            f"{default.median_s:.3f} s with the default {CORES}"
+        )
     for ours, theirs in ((f("small:verify"), f("small:ms-file")), (f("one:chunk"), f("one:ms-file"))):
         if ours and theirs:
             out.append(

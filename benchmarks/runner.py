@@ -77,7 +77,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     peak = run()
     warmup_s = time.perf_counter() - started
-    budget_s = max(5.0, (repeats + 3) * warmup_s)
+    budget_s = max(5.0, min(40.0, (repeats + 3) * warmup_s))
     deadline = time.perf_counter() + budget_s
 
     calls: list[tuple[float, float, float, float]] = []  # (wall, own cpu, others' cpu, server cpu)
