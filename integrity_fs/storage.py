@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.implementations.local import LocalFileSystem
 
 from .hashing import new_hasher
@@ -139,6 +140,7 @@ def _list_local(root: str) -> dict[str, int]:
             raise NotADirectoryError(f"{root} is a file, not a checkpoint directory")
         raise FileNotFoundError(f"no checkpoint directory at {root}")
     real_root = os.path.realpath(root)
+    prefix = root.rstrip(os.sep) + os.sep
     out: dict[str, int] = {}
 
     def fail(err: OSError) -> None:
@@ -147,7 +149,7 @@ def _list_local(root: str) -> dict[str, int]:
     for dirpath, _dirs, filenames in os.walk(root, onerror=fail, followlinks=False):
         for filename in filenames:
             path = os.path.join(dirpath, filename)
-            name = os.path.relpath(path, root).replace(os.sep, "/")
+            name = path[len(prefix) :].replace(os.sep, "/")
             if name == MANIFEST_FILENAME:
                 continue
             if os.path.islink(path):
@@ -246,6 +248,10 @@ def _hash_once(
     progress: ProgressFn | None,
     counter: list[int],
 ) -> str:
+    if offset == 0 and isinstance(fs, AsyncFileSystem):
+        digest = _hash_streamed(fs, path, algorithm, length, progress, counter)
+        if digest is not None:
+            return digest
     hasher = new_hasher(algorithm)
     buf = memoryview(bytearray(max(1, min(BLOCK_SIZE, length))))
     with open_read(fs, path) as f:
@@ -270,4 +276,57 @@ def _hash_once(
             counter[0] += n
             if progress is not None:
                 progress(n)
+    return hasher.hexdigest()
+
+
+async def _read_block(f: Any, n: int) -> bytes:
+    """``n`` bytes from the async stream ``f``, fewer only at its end."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        part = await f.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def _hash_streamed(
+    fs: AsyncFileSystem,
+    path: str,
+    algorithm: str,
+    length: int,
+    progress: ProgressFn | None,
+    counter: list[int],
+) -> str | None:
+    """Digest of the first ``length`` bytes of ``path`` from one streamed GET (``open_async``),
+    hashed in this thread ``BLOCK_SIZE`` at a time; ``None`` when the backend cannot stream.
+
+    One request per file, and no cache: ranged reads through ``fs.open`` cost a request per
+    ``REMOTE_BLOCK_SIZE`` and hold a block or two per worker.
+    """
+    try:
+        f = sync(fs.loop, fs.open_async, path, "rb")
+    except NotImplementedError:
+        return None
+    hasher = new_hasher(algorithm)
+    try:
+        remaining = length
+        while remaining:
+            data = sync(fs.loop, _read_block, f, min(BLOCK_SIZE, remaining))
+            if not data:
+                raise ShortReadError(f"short read from {path}: expected {length} bytes, got {length - remaining}")
+            hasher.update(data)
+            remaining -= len(data)
+            counter[0] += len(data)
+            if progress is not None:
+                progress(len(data))
+    finally:
+        with contextlib.suppress(Exception):
+            sync(fs.loop, f.close)
+        body = getattr(f, "r", None)  # s3fs's close() leaves the response open; a chunk stops early
+        if body is not None:
+            with contextlib.suppress(Exception):
+                body.close()
     return hasher.hexdigest()
