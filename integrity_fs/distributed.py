@@ -141,7 +141,7 @@ def seal(
     if g is None:
         return local_seal()
     if mode == "rank0":
-        # A Manifest holds read-only mappings, which do not pickle: it travels as its canonical JSON.
+        # The manifest travels as its canonical JSON: the bytes every rank must agree on.
         return Manifest.from_json(_on_rank0(g, lambda: local_seal().to_json()))
     local = _attempt(g.rank, lambda: storage.resolve(url, storage_options, fs))
     planned = _broadcast(

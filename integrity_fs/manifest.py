@@ -74,6 +74,10 @@ class Manifest:
             set_(self, "chunks", _frozen({k: tuple(v) for k, v in self.chunks.items()}))
         _validate(self)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as canonical JSON: the read-only mappings inside do not pickle themselves."""
+        return (Manifest.from_json, (self.to_json(),))
+
     @property
     def total_bytes(self) -> int | None:
         """Sum of ``sizes``, or ``None`` for a manifest without sizes."""

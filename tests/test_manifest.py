@@ -161,3 +161,10 @@ def test_any_single_flipped_bit_is_caught(tmp_path_factory, data, position, bit,
     if granularity == "chunk":
         start = (position % len(data)) // 512 * 512
         assert problem.byte_ranges == ((start, min(len(data), start + 512)),)
+
+
+def test_manifest_pickles_as_itself():
+    import pickle
+
+    m = Manifest(files={"a": D}, sizes={"a": 1})
+    assert pickle.loads(pickle.dumps(m)) == m
