@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import storage
+from . import formats, storage
 from .errors import IntegrityError, ManifestError, ManifestNotFoundError
 from .hashing import (
     DEFAULT_ALGORITHM,
@@ -214,25 +214,45 @@ def verify(
     callback: Callback | None = None,
     strict: bool = False,
     quick: bool = False,
+    manifest: Manifest | URL | None = None,
 ) -> Report:
     """Check the checkpoint at ``url`` against its manifest; raise on any problem.
 
     Raises ``ManifestNotFoundError`` when there is no manifest, ``ManifestError`` when it is
     invalid, ``IntegrityError`` (with every problem in its report) when content differs, and
     ``OSError`` when storage fails. ``quick`` compares names and sizes from a listing only.
-    ``strict`` makes files absent from the manifest problems too.
+    ``strict`` makes files absent from the manifest problems too. ``manifest``: a
+    :class:`Manifest`, or the path or URL of a manifest file in any format :mod:`formats`
+    reads (a relative name is inside the root); by default the root's ``_integrity_manifest.json``.
     """
     fs_, root = storage.resolve(url, storage_options, fs)
     started = time.perf_counter()
-    manifest = load_manifest(fs_, root)
-    listing = storage.list_files(fs_, root)
-    plan = plan_verification(manifest, listing, strict=strict, quick=quick)
-    digests = hash_units(fs_, root, manifest.algorithm, plan.units, max_workers=max_workers, callback=callback)
-    report = finish_verification(manifest, plan, digests)
+    manifest_, listing = manifest_and_listing(fs_, root, manifest)
+    plan = plan_verification(manifest_, listing, strict=strict, quick=quick)
+    digests = hash_units(fs_, root, manifest_.algorithm, plan.units, max_workers=max_workers, callback=callback)
+    report = finish_verification(manifest_, plan, digests)
     if not report.ok:
         raise IntegrityError(report, storage.describe(fs_, root))
     _log_done("verified", storage.describe(fs_, root), report.files_checked, report.bytes_checked, started)
     return report
+
+
+def manifest_and_listing(
+    fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest | URL | None = None
+) -> tuple[Manifest, dict[str, int]]:
+    """The manifest to verify against (see ``verify``) and the listing to check it with.
+
+    The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
+    """
+    in_use = None
+    if manifest is None:
+        manifest = load_manifest(fs, root)
+    elif not isinstance(manifest, Manifest):
+        manifest, in_use = formats.read_manifest_file(fs, root, manifest)
+    listing = storage.list_files(fs, root)
+    if in_use is not None:
+        listing.pop(in_use, None)
+    return manifest, listing
 
 
 def _log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:

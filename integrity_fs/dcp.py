@@ -109,13 +109,14 @@ def load(
     max_workers: int | None = None,
     strict: bool = False,
     planner: LoadPlanner | None = None,
+    manifest: Manifest | URL | None = None,
 ) -> Report | None:
     """Verify the checkpoint at ``url``, then ``dcp.load`` it into ``state_dict`` (in place).
 
     A collective over ``process_group``, like ``dcp.load``. Raises what
     :func:`integrity_fs.distributed.verify` raises (the same on every rank) before any tensor is
     read. Returns the verification report, or ``None`` when nothing was verified (``verify=False``,
-    or no manifest and ``require_manifest=False``).
+    or no manifest and ``require_manifest=False``). ``manifest`` is as for :func:`integrity_fs.verify`.
     """
     report = None
     if verify:
@@ -127,6 +128,7 @@ def load(
             mode=mode,
             max_workers=max_workers,
             strict=strict,
+            manifest=manifest,
         )
     reader = FsspecReader(url, **(storage_options or {}))
     no_dist = distributed._group(process_group) is None
@@ -469,11 +471,14 @@ def _verify_or_skip(
     max_workers: int | None,
     strict: bool,
     local: bool = False,
+    manifest: Manifest | URL | None = None,
 ) -> Report | None:
     """Verify (collectively unless ``local``); a missing manifest is logged and skipped unless required."""
     try:
         if local:
-            return core.verify(url, storage_options=storage_options, max_workers=max_workers, strict=strict)
+            return core.verify(
+                url, storage_options=storage_options, max_workers=max_workers, strict=strict, manifest=manifest
+            )
         return distributed.verify(
             url,
             group=process_group,
@@ -481,6 +486,7 @@ def _verify_or_skip(
             storage_options=storage_options,
             max_workers=max_workers,
             strict=strict,
+            manifest=manifest,
         )
     except ManifestNotFoundError:
         if require_manifest:

@@ -66,12 +66,13 @@ def verify(
     callback: Callback | None = None,
     strict: bool = False,
     quick: bool = False,
+    manifest: Manifest | URL | None = None,
 ) -> Report:
     """:func:`integrity_fs.verify` as a collective: call it on every rank of ``group`` (default: the world).
 
     Every rank returns an equal :class:`~integrity_fs.Report` or raises the same exception.
     ``storage_options``, ``fs``, ``max_workers`` and ``callback`` are each rank's own (the callback
-    sees this rank's bytes); ``strict`` and ``quick`` are taken from rank 0.
+    sees this rank's bytes); ``strict``, ``quick`` and ``manifest`` are taken from rank 0.
     """
     _check_mode(mode)
     g = _group(group)
@@ -85,6 +86,7 @@ def verify(
             callback=callback,
             strict=strict,
             quick=quick,
+            manifest=manifest,
         )
 
     if g is None:
@@ -92,7 +94,9 @@ def verify(
     if mode == "rank0":
         return _on_rank0(g, local_verify)
     local = _attempt(g.rank, lambda: storage.resolve(url, storage_options, fs))
-    planned = _broadcast(g, _attempt(g.rank, lambda: _plan_verify(local, strict, quick)) if g.rank == 0 else None)
+    planned = _broadcast(
+        g, _attempt(g.rank, lambda: _plan_verify(local, strict, quick, manifest)) if g.rank == 0 else None
+    )
     share = _attempt(g.rank, lambda: _hash_share(g, local, planned, max_workers, callback))
     shares = _all_gather(g, share)
     _raise_first([planned, *shares])
@@ -281,13 +285,14 @@ class _SealPlan:
     location: str
 
 
-def _plan_verify(local: FsRoot | Failure, strict: bool, quick: bool) -> _VerifyPlan | Failure:
+def _plan_verify(
+    local: FsRoot | Failure, strict: bool, quick: bool, manifest_arg: Manifest | URL | None = None
+) -> _VerifyPlan | Failure:
     """Rank 0: read the manifest and list the checkpoint."""
     if isinstance(local, Failure):
         return local
     fs, root = local
-    manifest = core.load_manifest(fs, root)
-    listing = storage.list_files(fs, root)
+    manifest, listing = core.manifest_and_listing(fs, root, manifest_arg)
     plan = core.plan_verification(manifest, listing, strict=strict, quick=quick)
     return _VerifyPlan(manifest.to_json(), plan, manifest.algorithm, storage.describe(fs, root))
 

@@ -1,0 +1,413 @@
+"""Manifests in other formats: Megatron-LM's ``integrity.json``, ``sha256sum`` output and
+OpenSSF model_signing bundles, read into a :class:`~integrity_fs.Manifest` so that one verifier
+checks them all; and this project's manifests written out as ``sha256sum`` or Megatron files.
+
+:func:`load` and :func:`dump` are pure (bytes in, bytes out). :func:`read_manifest_file` reads a
+manifest named by path or URL, relative to a checkpoint root or not, through :mod:`storage`.
+
+What each format proves is the digests it lists, no more: a model_signing bundle's signature is
+not checked here (that is ``model_signing verify``), and Megatron lists top-level files only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import fsspec
+
+from . import storage
+from .errors import ManifestError, ManifestNotFoundError
+from .hashing import combine_chunk_digests
+from .manifest import MANIFEST_FILENAME, Manifest, check_name
+
+__all__ = ["DUMP_FORMATS", "FORMATS", "dump", "load", "read_manifest_file"]
+
+#: What :func:`load` reads (``"auto"`` detects which by content).
+FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_signing")
+#: What :func:`dump` writes.
+DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "megatron")
+
+_SHA256_HEX = 64
+_HEX = re.compile(r"[0-9a-fA-F]{64}")
+# GNU coreutils: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode); --tag: "SHA256 (<name>) = <hex>".
+_SUM_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64}) [ *](?P<name>.+)", re.DOTALL)
+_TAG_LINE = re.compile(r"SHA256 \((?P<name>.+)\) = (?P<hex>[0-9a-fA-F]{64})", re.DOTALL)
+_SUM_ESCAPES = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
+
+_DSSE_IN_TOTO = "application/vnd.in-toto+json"
+_IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
+_MODEL_SIGNING_PREDICATE = "https://model_signing/signature/v1.0"
+_SHARD_ALGORITHM = re.compile(r"sha256-sharded-(\d+)(?:\.0)?")
+_SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>\d+):(?P<end>\d+)", re.DOTALL)
+
+
+def load(data: bytes, format: str = "auto") -> Manifest:
+    """The manifest that ``data`` (a manifest file's bytes) describes.
+
+    ``format`` is one of :data:`FORMATS` or ``"auto"`` (detected by content); an explicit format
+    is checked, and data not in it is a ``ManifestError``. Every name is checked as this
+    project's manifest names are (relative, no ``..``, no backslash, ...).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, not {type(data).__name__}")
+    data = bytes(data)
+    if format == "auto":
+        format = detect(data)
+    try:
+        reader = _READERS[format]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown manifest format {format!r} (known: auto, {', '.join(FORMATS)})") from None
+    return reader(data)
+
+
+def detect(data: bytes) -> str:
+    """The format of ``data``, judged by content; ``ManifestError`` when it is none of :data:`FORMATS`."""
+    if data.lstrip()[:1] == b"{":
+        obj = _json_object(data, "manifest")
+        if "dsseEnvelope" in obj:
+            return "model_signing"
+        if "version" in obj:
+            return "integrity_fs"
+        if "files" in obj:
+            return "megatron"
+        raise ManifestError(
+            "JSON manifest of no known format: not integrity_fs (no 'version'), not Megatron (no 'files'), "
+            "not a model_signing bundle (no 'dsseEnvelope')"
+        )
+    first = data.split(b"\n", 1)[0].lstrip(b"\\")
+    if _SUM_LINE.fullmatch(first.decode("utf-8", "replace")) or first.startswith(b"SHA256 ("):
+        return "sha256sum"
+    raise ManifestError(f"not a manifest in any known format ({', '.join(FORMATS)})")
+
+
+def dump(manifest: Manifest, format: str) -> bytes:
+    """``manifest`` written as ``format``: ``"sha256sum"`` (what ``sha256sum -c`` reads) or
+    ``"megatron"`` (``integrity.json`` byte for byte as Megatron-LM writes it).
+
+    Both hold whole-file SHA-256 digests only: a chunk or non-SHA-256 manifest is a ``ValueError``.
+    """
+    if format not in DUMP_FORMATS:
+        raise ValueError(f"cannot write manifest format {format!r} (writable: {', '.join(DUMP_FORMATS)})")
+    if manifest.algorithm != "sha256" or manifest.granularity != "file":
+        raise ValueError(
+            f"{format} holds whole-file SHA-256 digests only; this manifest has {manifest.algorithm} "
+            f"digests at {manifest.granularity} granularity"
+        )
+    if format == "megatron":
+        # megatron/core/dist_checkpointing/validation.py: json.dump({...}, f, indent=2)
+        return json.dumps({"algorithm": "sha256", "files": dict(manifest.files)}, indent=2).encode("utf-8")
+    return b"".join(_sum_line(name, digest).encode("utf-8") for name, digest in manifest.files.items())
+
+
+def _sum_line(name: str, digest: str) -> str:
+    """One ``sha256sum`` line; GNU escaping (a leading backslash) for names with ``\\``, LF or CR."""
+    if not any(c in name for c in "\\\n\r"):
+        return f"{digest}  {name}\n"
+    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return f"\\{digest}  {escaped}\n"
+
+
+# --- readers -----------------------------------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ManifestError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{what} is not UTF-8: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{what} is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ManifestError(f"{what} JSON is nested too deeply") from exc
+    except ManifestError as exc:
+        raise ManifestError(f"{what}: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{what} must be a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+def _read_integrity_fs(data: bytes) -> Manifest:
+    obj = _json_object(data, "integrity_fs manifest")
+    return Manifest.from_dict(obj)
+
+
+def _read_megatron(data: bytes) -> Manifest:
+    obj = _json_object(data, "Megatron integrity.json")
+    if "version" in obj:
+        raise ManifestError("not a Megatron integrity.json: it has a 'version' (an integrity_fs manifest?)")
+    files = obj.get("files")
+    if not isinstance(files, dict):
+        raise ManifestError("not a Megatron integrity.json: no 'files' object mapping names to digests")
+    # Megatron's own reader takes a missing algorithm as sha256.
+    algorithm = obj.get("algorithm", "sha256")
+    try:
+        return Manifest(files=files, algorithm=algorithm)
+    except ManifestError as exc:
+        raise ManifestError(f"Megatron integrity.json: {exc}") from exc
+
+
+def _read_sha256sum(data: bytes) -> Manifest:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"sha256sum file is not UTF-8 (names must be UTF-8): {exc}") from exc
+    files: dict[str, str] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        name, digest = _parse_sum_line(line, number)
+        if name.startswith("./"):
+            name = name[2:]
+        try:
+            check_name(name)
+        except ManifestError as exc:
+            raise ManifestError(f"sha256sum line {number}: {exc}") from exc
+        if files.setdefault(name, digest) != digest:
+            raise ManifestError(f"sha256sum line {number}: {name!r} is listed twice with different digests")
+    if not files:
+        raise ManifestError("sha256sum file lists no files")
+    return Manifest(files=files)
+
+
+def _parse_sum_line(line: str, number: int) -> tuple[str, str]:
+    escaped = line.startswith("\\")
+    body = line[1:] if escaped else line
+    match = _SUM_LINE.fullmatch(body) or _TAG_LINE.fullmatch(body)
+    if match is None:
+        raise ManifestError(
+            f"sha256sum line {number} is not '<64 hex digits>  <name>', '<64 hex digits> *<name>' "
+            f"or 'SHA256 (<name>) = <64 hex digits>': {line[:100]!r}"
+        )
+    name = match["name"]
+    if escaped:
+        name = _unescape(name, number)
+    return name, match["hex"].lower()
+
+
+def _unescape(name: str, number: int) -> str:
+    def one(m: re.Match[str]) -> str:
+        try:
+            return _SUM_ESCAPES[m[0]]
+        except KeyError:
+            raise ManifestError(f"sha256sum line {number}: unknown escape {m[0]!r} in {name!r}") from None
+
+    return re.sub(r"\\.?", one, name, flags=re.DOTALL)
+
+
+def _read_model_signing(data: bytes) -> Manifest:
+    bundle = _json_object(data, "model_signing bundle")
+    envelope = bundle.get("dsseEnvelope")
+    if not isinstance(envelope, dict):
+        raise ManifestError("not a model_signing bundle: no 'dsseEnvelope' (only DSSE bundles are supported)")
+    if envelope.get("payloadType") != _DSSE_IN_TOTO:
+        raise ManifestError(
+            f"model_signing bundle: payload type {envelope.get('payloadType')!r} is not supported "
+            f"(expected {_DSSE_IN_TOTO})"
+        )
+    try:
+        payload = base64.b64decode(str(envelope.get("payload", "")), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ManifestError(f"model_signing bundle: the DSSE payload is not base64: {exc}") from exc
+    statement = _json_object(payload, "model_signing bundle: in-toto statement")
+    if statement.get("_type") != _IN_TOTO_STATEMENT:
+        raise ManifestError(f"model_signing bundle: statement type {statement.get('_type')!r} is not supported")
+    if statement.get("predicateType") != _MODEL_SIGNING_PREDICATE:
+        raise ManifestError(
+            f"model_signing bundle: predicate type {statement.get('predicateType')!r} is not supported "
+            f"(this reader knows {_MODEL_SIGNING_PREDICATE})"
+        )
+    predicate = statement.get("predicate")
+    if not isinstance(predicate, dict):
+        raise ManifestError("model_signing bundle: the statement has no predicate object")
+    resources = predicate.get("resources")
+    serialization = predicate.get("serialization")
+    if not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources):
+        raise ManifestError("model_signing bundle: 'resources' is not a list of objects")
+    if not isinstance(serialization, dict):
+        raise ManifestError("model_signing bundle: the predicate has no 'serialization' object")
+    _check_root_digest(statement.get("subject"), resources)
+    method = serialization.get("method")
+    if serialization.get("hash_type") != "sha256":
+        raise ManifestError(
+            f"model_signing bundle: hash type {serialization.get('hash_type')!r} is not supported (only sha256)"
+        )
+    try:
+        if method == "files":
+            return _model_signing_files(resources)
+        if method == "shards":
+            return _model_signing_shards(resources, serialization.get("shard_size"))
+    except ManifestError as exc:
+        raise ManifestError(f"model_signing bundle: {exc}") from exc
+    raise ManifestError(f"model_signing bundle: serialization method {method!r} is not supported (files, shards)")
+
+
+def _check_root_digest(subjects: object, resources: list[dict[str, Any]]) -> None:
+    """model_signing's own consistency check: the subject digest is the SHA-256 of every resource
+    digest's bytes, in order."""
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        raise ManifestError("model_signing bundle: the statement must have exactly one subject")
+    digest = subjects[0].get("digest")
+    expected = digest.get("sha256") if isinstance(digest, dict) else None
+    hasher = hashlib.sha256()
+    for resource in resources:
+        value = resource.get("digest")
+        if not isinstance(value, str) or not _HEX.fullmatch(value):
+            raise ManifestError(f"model_signing bundle: {resource.get('name')!r} has no SHA-256 hex digest")
+        hasher.update(bytes.fromhex(value))
+    if expected != hasher.hexdigest():
+        raise ManifestError(
+            f"model_signing bundle is inconsistent: the subject digest is {expected!r}, "
+            f"the resources hash to {hasher.hexdigest()!r}"
+        )
+
+
+def _model_signing_files(resources: list[dict[str, Any]]) -> Manifest:
+    files: dict[str, str] = {}
+    for resource in resources:
+        name = resource.get("name")
+        if resource.get("algorithm") != "sha256":
+            raise ManifestError(f"{name!r}: digest algorithm {resource.get('algorithm')!r} is not supported")
+        if name in files:
+            raise ManifestError(f"{name!r} is listed twice")
+        files[check_name(name)] = str(resource["digest"]).lower()
+    return Manifest(files=files)
+
+
+def _model_signing_shards(resources: list[dict[str, Any]], shard_size: object) -> Manifest:
+    size = _shard_size(shard_size)
+    shards: dict[str, dict[int, tuple[int, str]]] = {}
+    for resource in resources:
+        name = resource.get("name")
+        algorithm = resource.get("algorithm")
+        found = _SHARD_ALGORITHM.fullmatch(algorithm) if isinstance(algorithm, str) else None
+        if found is None or int(found[1]) != size:
+            raise ManifestError(
+                f"{name!r}: digest algorithm {algorithm!r} is not supported (expected sha256-sharded-{size})"
+            )
+        parsed = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
+        if parsed is None:
+            raise ManifestError(f"shard name {name!r} is not '<path>:<start>:<end>'")
+        path = check_name(parsed["path"])
+        start, end = int(parsed["start"]), int(parsed["end"])
+        if start in shards.setdefault(path, {}):
+            raise ManifestError(f"shard {name!r} is listed twice")
+        shards[path][start] = (end, str(resource["digest"]).lower())
+    files: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    chunks: dict[str, tuple[str, ...]] = {}
+    for path, by_start in shards.items():
+        digests: list[str] = []
+        offset = 0
+        final = max(by_start)
+        for start in sorted(by_start):
+            end, digest = by_start[start]
+            last = start == final
+            if start != offset or not (end - start == size or (last and 0 < end - start < size)):
+                raise ManifestError(
+                    f"shards of {path!r} are not consecutive shards of {size} bytes from 0 "
+                    f"(unexpected {path}:{start}:{end}); only a fixed shard size is supported"
+                )
+            digests.append(digest)
+            offset = end
+        files[path] = combine_chunk_digests("sha256", digests)
+        sizes[path] = offset
+        chunks[path] = tuple(digests)
+    return Manifest(files=files, sizes=sizes, granularity="chunk", chunk_size=size, chunks=chunks)
+
+
+def _shard_size(value: object) -> int:
+    """model_signing 1.1.1 writes ``shard_size`` as a float (``1048576.0``): accept integral ones."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ManifestError(f"shard size {value!r} is not supported (a positive whole number of bytes)")
+    return value
+
+
+_READERS: dict[str, Callable[[bytes], Manifest]] = {
+    "integrity_fs": _read_integrity_fs,
+    "megatron": _read_megatron,
+    "sha256sum": _read_sha256sum,
+    "model_signing": _read_model_signing,
+}
+
+
+# --- reading a manifest file -------------------------------------------------------------------
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def read_manifest_file(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    source: str | os.PathLike[str],
+    *,
+    format: str = "auto",
+) -> tuple[Manifest, str | None]:
+    """The manifest in the file ``source`` for the checkpoint at ``root`` on ``fs``, and the
+    name relative to ``root`` of that file when it lies inside the root (``None`` otherwise),
+    so that the caller neither hashes it nor counts it as extra.
+
+    A relative name resolves inside the root (``"integrity.json"``). A URL is read as is, through
+    ``fs`` when it has ``fs``'s protocol (same store, same options); an absolute path without a
+    protocol is a local path. ``ManifestNotFoundError`` when the file is not there.
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"manifest must be a Manifest, a path or a URL, not {type(source).__name__}")
+    text = os.fspath(source)
+    if not text:
+        raise ValueError("manifest path is empty")
+    name: str | None
+    if _URL.match(text) or os.path.isabs(text):
+        same_store = _URL.match(text) is not None and text.split("://", 1)[0] in _protocols(fs)
+        mfs, path = storage.resolve(text, fs=fs) if same_store else storage.resolve(text)
+        prefix = root.rstrip("/") + "/"
+        same_fs = mfs is fs or (storage.is_local(mfs) and storage.is_local(fs))
+        name = path[len(prefix) :] if same_fs and path.startswith(prefix) else None
+        where = storage.describe(mfs, path)
+    else:
+        name = text
+        while name.startswith("./"):
+            name = name[2:]
+        if name != MANIFEST_FILENAME:
+            try:
+                check_name(name)
+            except ManifestError as exc:
+                raise ValueError(
+                    f"manifest {text!r} is not a name inside the checkpoint ({exc}); pass an absolute path or a URL"
+                ) from None
+        mfs, path = fs, storage.join(root, name)
+        where = f"{storage.describe(fs, root)}/{name}"
+    try:
+        raw = storage.read_file(mfs, path)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        if name is not None:
+            storage.list_files(fs, root)  # a root that is not there is "no checkpoint", not "no manifest"
+        raise ManifestNotFoundError(f"no manifest file at {where}") from exc
+    except IsADirectoryError as exc:
+        raise ManifestError(f"{where} is a directory, not a manifest") from exc
+    try:
+        return load(raw, format), name
+    except ManifestError as exc:
+        raise ManifestError(f"{where}: {exc}") from exc
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)
