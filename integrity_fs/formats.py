@@ -15,6 +15,7 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -27,15 +28,16 @@ from .errors import ManifestError, ManifestNotFoundError
 from .hashing import combine_chunk_digests
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
 
-__all__ = ["DUMP_FORMATS", "FORMATS", "dump", "load", "read_manifest_file"]
+__all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load", "read_manifest_file"]
+
+log = logging.getLogger("integrity_fs")
 
 #: What :func:`load` reads (``"auto"`` detects which by content).
 FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_signing")
 #: What :func:`dump` writes.
 DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "megatron")
 
-_SHA256_HEX = 64
-_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_ANY_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 # GNU coreutils: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode); --tag: "SHA256 (<name>) = <hex>".
 _SUM_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64}) [ *](?P<name>.+)", re.DOTALL)
 _TAG_LINE = re.compile(r"SHA256 \((?P<name>.+)\) = (?P<hex>[0-9a-fA-F]{64})", re.DOTALL)
@@ -142,6 +144,15 @@ def _json_object(data: bytes, what: str) -> dict[str, Any]:
     return obj
 
 
+def _is_ours(name: object, where: str) -> bool:
+    """Whether ``name`` is this project's manifest, which another format may list (it was there
+    when that format's tool ran) but which is never verified against another manifest."""
+    if name != MANIFEST_FILENAME:
+        return False
+    log.warning("%s lists %s: left out (a manifest is not verified against another)", where, MANIFEST_FILENAME)
+    return True
+
+
 def _read_integrity_fs(data: bytes) -> Manifest:
     obj = _json_object(data, "integrity_fs manifest")
     return Manifest.from_dict(obj)
@@ -156,6 +167,7 @@ def _read_megatron(data: bytes) -> Manifest:
         raise ManifestError("not a Megatron integrity.json: no 'files' object mapping names to digests")
     # Megatron's own reader takes a missing algorithm as sha256.
     algorithm = obj.get("algorithm", "sha256")
+    files = {name: digest for name, digest in files.items() if not _is_ours(name, "Megatron integrity.json")}
     try:
         return Manifest(files=files, algorithm=algorithm)
     except ManifestError as exc:
@@ -174,6 +186,8 @@ def _read_sha256sum(data: bytes) -> Manifest:
         name, digest = _parse_sum_line(line, number)
         if name.startswith("./"):
             name = name[2:]
+        if _is_ours(name, "sha256sum file"):
+            continue
         try:
             check_name(name)
         except ManifestError as exc:
@@ -241,12 +255,12 @@ def _read_model_signing(data: bytes) -> Manifest:
         raise ManifestError("model_signing bundle: 'resources' is not a list of objects")
     if not isinstance(serialization, dict):
         raise ManifestError("model_signing bundle: the predicate has no 'serialization' object")
-    _check_root_digest(statement.get("subject"), resources)
     method = serialization.get("method")
     if serialization.get("hash_type") != "sha256":
         raise ManifestError(
             f"model_signing bundle: hash type {serialization.get('hash_type')!r} is not supported (only sha256)"
         )
+    _check_root_digest(statement.get("subject"), resources)
     try:
         if method == "files":
             return _model_signing_files(resources)
@@ -267,8 +281,8 @@ def _check_root_digest(subjects: object, resources: list[dict[str, Any]]) -> Non
     hasher = hashlib.sha256()
     for resource in resources:
         value = resource.get("digest")
-        if not isinstance(value, str) or not _HEX.fullmatch(value):
-            raise ManifestError(f"model_signing bundle: {resource.get('name')!r} has no SHA-256 hex digest")
+        if not isinstance(value, str) or not _ANY_HEX.fullmatch(value):
+            raise ManifestError(f"model_signing bundle: {resource.get('name')!r} has no hex digest")
         hasher.update(bytes.fromhex(value))
     if expected != hasher.hexdigest():
         raise ManifestError(
@@ -281,6 +295,8 @@ def _model_signing_files(resources: list[dict[str, Any]]) -> Manifest:
     files: dict[str, str] = {}
     for resource in resources:
         name = resource.get("name")
+        if _is_ours(name, "model_signing bundle"):
+            continue
         if resource.get("algorithm") != "sha256":
             raise ManifestError(f"{name!r}: digest algorithm {resource.get('algorithm')!r} is not supported")
         if name in files:
@@ -303,6 +319,8 @@ def _model_signing_shards(resources: list[dict[str, Any]], shard_size: object) -
         parsed = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
         if parsed is None:
             raise ManifestError(f"shard name {name!r} is not '<path>:<start>:<end>'")
+        if _is_ours(parsed["path"], "model_signing bundle"):
+            continue
         path = check_name(parsed["path"])
         start, end = int(parsed["start"]), int(parsed["end"])
         if start in shards.setdefault(path, {}):

@@ -35,7 +35,12 @@ def run_ranks(
     spec = {**spec, "init_method": f"tcp://127.0.0.1:{free_port()}", "world_size": world_size, "out": str(out)}
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
+        "OMP_NUM_THREADS": "1",
+    }
     logs = [(out / f"rank{rank}.log").open("w") for rank in range(world_size)]
     procs = [
         subprocess.Popen(

@@ -1,0 +1,382 @@
+"""integrity_fs.formats: manifests written by other tools (the real ones), read and verified by ours.
+
+model_signing bundles come from the model_signing package itself (a local EC key), sha256sum files
+from coreutils, Megatron's integrity.json from a copy of Megatron-LM's own writer.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Backend
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, ManifestError, ManifestNotFoundError, formats
+
+SHARD = 1024
+NAMES = ["a.bin", "sp ace.bin", "ü-non-ascii.bin", "sub/b.bin", "empty.bin"]
+
+
+def _tree(root: Path) -> Path:
+    """A small checkpoint: one file of several shards, odd names, an empty file."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(NAMES):
+        size = 0 if name == "empty.bin" else (2 * SHARD + 452 if name == "sub/b.bin" else 100 + i)
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes((i * 13 + j) % 251 for j in range(size)))
+    return root
+
+
+def _flip(path: Path, offset: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _must_fail(root: Path | str, name: str, **kwargs: Any) -> IntegrityError:
+    with pytest.raises(IntegrityError) as info:
+        ifs.verify(root, **kwargs)
+    assert [p.path for p in info.value.report.problems] == [name]
+    assert name in str(info.value)
+    return info.value
+
+
+# --- model_signing -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ec_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = tmp_path_factory.mktemp("key") / "key.pem"
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return path
+
+
+def _model_sign(root: Path, key: Path, signature: Path, **hashing: Any) -> bytes:
+    """Sign ``root`` with the real model_signing package; ``hashing``: use_shard_serialization args."""
+    ms = pytest.importorskip("model_signing")
+    config = ms.signing.Config().use_elliptic_key_signer(private_key=key)
+    if hashing:
+        method = hashing.pop("method")
+        config.set_hashing_config(getattr(ms.hashing.Config(), method)(**hashing))
+    config.sign(root, signature)
+    return signature.read_bytes()
+
+
+def _statement(bundle: bytes) -> dict[str, Any]:
+    payload = json.loads(bundle)["dsseEnvelope"]["payload"]
+    statement: dict[str, Any] = json.loads(base64.b64decode(payload))
+    return statement
+
+
+def test_model_signing_files_bundle(tmp_path: Path, ec_key: Path) -> None:
+    root = _tree(tmp_path / "model")
+    bundle = _model_sign(root, ec_key, root / "model.sig")
+    manifest = formats.load(bundle)
+    assert formats.detect(bundle) == "model_signing"
+    assert manifest == formats.load(bundle, "model_signing")
+    assert manifest.granularity == "file" and manifest.sizes is None
+    assert dict(manifest.files) == {name: _sha256(root / name) for name in NAMES}
+    report = ifs.verify(root, manifest="model.sig", strict=True)  # the bundle itself is not extra
+    assert report.files_checked == len(NAMES) and report.extra == ()
+    _flip(root / "ü-non-ascii.bin")
+    _must_fail(root, "ü-non-ascii.bin", manifest="model.sig")
+
+
+def test_model_signing_shards_bundle_is_a_chunk_manifest(tmp_path: Path, ec_key: Path) -> None:
+    root = _tree(tmp_path / "model")
+    bundle = _model_sign(root, ec_key, tmp_path / "model.sig", method="use_shard_serialization", shard_size=SHARD)
+    assert _statement(bundle)["predicate"]["serialization"]["shard_size"] == float(SHARD)  # as 1.1.1 writes it
+    manifest = formats.load(bundle)
+    assert manifest.granularity == "chunk" and manifest.chunk_size == SHARD
+    # Empty files have no shard: they are not in the manifest. Sizes come from each last shard's end.
+    listed = [n for n in NAMES if n != "empty.bin"]
+    assert sorted(manifest.files) == sorted(listed)
+    assert manifest.sizes == {n: (root / n).stat().st_size for n in listed}
+    assert manifest.chunks is not None and len(manifest.chunks["sub/b.bin"]) == 3
+    # Our chunk manifest of the same bytes at the same chunk size is the same manifest.
+    sealed = ifs.seal(shutil.copytree(root, tmp_path / "copy"), granularity="chunk", chunk_size=SHARD)
+    assert dict(manifest.files) == {n: sealed.files[n] for n in listed}
+    assert ifs.verify(root, manifest=str(tmp_path / "model.sig")).files_checked == len(listed)
+    _flip(root / "sub" / "b.bin", SHARD + 10)
+    error = _must_fail(root, "sub/b.bin", manifest=str(tmp_path / "model.sig"))
+    assert error.report.problems[0].byte_ranges == ((SHARD, 2 * SHARD),)
+
+
+def test_model_signing_other_hashes_and_tampered_payloads_are_refused(tmp_path: Path, ec_key: Path) -> None:
+    root = _tree(tmp_path / "model")
+    blake = _model_sign(root, ec_key, tmp_path / "b.sig", method="use_file_serialization", hashing_algorithm="blake2")
+    with pytest.raises(ManifestError, match="hash type 'blake2.*not supported"):
+        formats.load(blake)
+    bundle = json.loads(_model_sign(root, ec_key, tmp_path / "m.sig"))
+    statement = _statement(json.dumps(bundle).encode())
+    statement["predicate"]["resources"][0]["digest"] = "0" * 64  # unsigned edit: the root digest no longer fits
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    with pytest.raises(ManifestError, match="inconsistent"):
+        formats.load(json.dumps(bundle).encode())
+    statement = _statement((tmp_path / "m.sig").read_bytes())
+    statement["predicate"]["serialization"]["method"] = "blocks"
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    with pytest.raises(ManifestError, match="method 'blocks' is not supported"):
+        formats.load(json.dumps(bundle).encode())
+
+
+def test_model_signing_shards_of_varying_size_are_refused(tmp_path: Path, ec_key: Path) -> None:
+    root = _tree(tmp_path / "model")
+    bundle = json.loads(
+        _model_sign(root, ec_key, tmp_path / "m.sig", method="use_shard_serialization", shard_size=SHARD)
+    )
+    statement = _statement(json.dumps(bundle).encode())
+    resources = statement["predicate"]["resources"]
+    b_shards = [r for r in resources if r["name"].startswith("sub/b.bin:")]
+    b_shards[1]["name"] = f"sub/b.bin:{SHARD}:{SHARD + 10}"  # a short shard in the middle
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    with pytest.raises(ManifestError, match="fixed shard size"):
+        formats.load(json.dumps(bundle).encode())
+
+
+# --- sha256sum ---------------------------------------------------------------------------------
+
+
+def _sha256sum(root: Path, *args: str, names: list[str] | None = None) -> bytes:
+    shutil.which("sha256sum") or pytest.skip("coreutils sha256sum is not installed")
+    return subprocess.run(
+        ["sha256sum", *args, "--", *(names or NAMES)], cwd=root, check=True, capture_output=True
+    ).stdout
+
+
+@pytest.mark.parametrize("args", [(), ("-b",), ("--tag",)], ids=["text", "binary", "tag"])
+def test_sha256sum_output(tmp_path: Path, args: tuple[str, ...]) -> None:
+    root = _tree(tmp_path / "ckpt")
+    odd = "new\nline\r.bin"  # GNU escapes it: a line starting with a backslash
+    (root / odd).write_bytes(b"odd")
+    names = [*NAMES, odd, "./dot.bin"]
+    (root / "dot.bin").write_bytes(b"dot")
+    sums = _sha256sum(root, *args, names=names)
+    assert sums.startswith(b"\\") or b"\n\\" in sums
+    (root / "SHA256SUMS").write_bytes(sums)
+    manifest = formats.load(sums)
+    assert formats.detect(sums) == "sha256sum"
+    assert dict(manifest.files) == {n.removeprefix("./"): _sha256(root / n) for n in names}
+    assert ifs.verify(root, manifest="SHA256SUMS", strict=True).files_checked == len(names)
+    _flip(root / "sp ace.bin")
+    _flip(root / odd)
+    with pytest.raises(IntegrityError) as info:
+        ifs.verify(root, manifest="SHA256SUMS")
+    assert [p.path for p in info.value.report.problems] == sorted([odd, "sp ace.bin"])
+
+
+def test_sha256sum_names_are_checked_as_manifest_names(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ckpt")
+    (root / "back\\slash").write_bytes(b"x")
+    with pytest.raises(ManifestError, match="line 1.*backslash"):
+        formats.load(_sha256sum(root, names=["back\\slash"]))
+    digest = "ab" * 32
+    for bad in ("../outside", "/etc/passwd", "a/../../b", "sub//x"):
+        with pytest.raises(ManifestError, match="line 2"):
+            formats.load(f"{digest}  ok\n{digest}  {bad}\n".encode())
+    with pytest.raises(ManifestError, match="not '<64 hex digits>"):
+        formats.load(f"{digest}  ok\n{digest[:-1]}  short\n".encode(), "sha256sum")
+    with pytest.raises(ManifestError, match="twice"):
+        formats.load(f"{digest}  x\n{'cd' * 32}  ./x\n".encode())
+    assert formats.load(f"{digest.upper()} *x\n".encode()).files == {"x": digest}
+
+
+# --- Megatron-LM -------------------------------------------------------------------------------
+
+
+def _megatron_save_integrity_manifest(checkpoint_dir: str) -> None:
+    """Megatron-LM megatron/core/dist_checkpointing/validation.py save_integrity_manifest, with
+    maybe_msc (Megatron's storage wrapper) as plain pathlib/open."""
+    manifest: dict[str, str] = {}
+    ckpt_path = Path(checkpoint_dir)
+    for entry in sorted(ckpt_path.iterdir(), key=lambda p: str(p)):
+        if entry.is_file() and entry.name != "integrity.json":
+            h = hashlib.sha256()
+            with open(entry, "rb") as f:
+                for chunk in iter(lambda: f.read(4 * 1024 * 1024), b""):
+                    h.update(chunk)
+            manifest[entry.name] = h.hexdigest()
+    integrity_path = os.path.join(checkpoint_dir, "integrity.json")
+    payload = {"algorithm": "sha256", "files": manifest}
+    with open(integrity_path, "w") as f:
+        json.dump(payload, f, indent=2)
+
+
+def test_megatron_integrity_json(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "iter_0000100")
+    shutil.rmtree(root / "sub")  # Megatron's checkpoints are flat
+    (root / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    _megatron_save_integrity_manifest(str(root))
+    raw = (root / "integrity.json").read_bytes()
+    manifest = formats.load(raw)
+    assert formats.detect(raw) == "megatron"
+    assert manifest.sizes is None and "integrity.json" not in manifest.files
+    assert formats.dump(manifest, "megatron") == raw  # byte for byte what Megatron writes
+    assert ifs.verify(root, manifest="integrity.json", strict=True).files_checked == len(manifest.files)
+    _flip(root / "a.bin")
+    _must_fail(root, "a.bin", manifest="integrity.json")
+
+
+def test_a_foreign_manifest_may_list_ours(tmp_path: Path) -> None:
+    """Megatron (or sha256sum *) run on a sealed directory lists _integrity_manifest.json: left out."""
+    root = _tree(tmp_path / "ckpt")
+    shutil.rmtree(root / "sub")
+    ifs.seal(root)
+    _megatron_save_integrity_manifest(str(root))
+    raw = (root / "integrity.json").read_bytes()
+    assert MANIFEST_FILENAME in json.loads(raw)["files"]
+    assert MANIFEST_FILENAME not in formats.load(raw).files
+    assert ifs.verify(root, manifest="integrity.json", strict=True).ok
+    assert ifs.verify(root).extra == ("integrity.json",)  # and our manifest does not list integrity.json
+
+
+# --- detection, dump, errors -------------------------------------------------------------------
+
+
+def test_explicit_formats_are_checked(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ckpt")
+    ours = ifs.seal(root).to_json()
+    megatron = formats.dump(Manifest.from_json(ours), "megatron")
+    sums = formats.dump(Manifest.from_json(ours), "sha256sum")
+    assert formats.detect(ours) == "integrity_fs" and formats.load(ours) == Manifest.from_json(ours)
+    for data, wrong in [(ours, "megatron"), (megatron, "integrity_fs"), (sums, "megatron"), (megatron, "sha256sum"),
+                        (ours, "model_signing"), (b"", "sha256sum")]:  # fmt: skip
+        with pytest.raises(ManifestError):
+            formats.load(data, wrong)
+    for junk in (b"", b"hello\n", b'{"a": 1}', b"[1]", b'{"files": {}, "files": {}}'):
+        with pytest.raises(ManifestError):
+            formats.load(junk)
+    with pytest.raises(ValueError, match="unknown manifest format"):
+        formats.load(ours, "json")
+
+
+def test_dump_round_trips_and_sha256sum_checks_it(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ckpt")
+    (root / "new\nline.bin").write_bytes(b"odd")
+    manifest = ifs.seal(root)
+    sums = formats.dump(manifest, "sha256sum")
+    assert b"\\" in sums  # the newline name is GNU-escaped
+    plain = Manifest(files=manifest.files)
+    assert formats.load(sums) == plain
+    assert formats.load(formats.dump(manifest, "megatron")) == plain
+    (tmp_path / "SUMS").write_bytes(sums)
+    checked = subprocess.run(["sha256sum", "-c", "--strict", str(tmp_path / "SUMS")], cwd=root, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.count(b": OK") == len(manifest.files)
+    chunked = ifs.seal(_tree(tmp_path / "c"), granularity="chunk", chunk_size=SHARD)
+    for fmt in ("sha256sum", "megatron"):
+        with pytest.raises(ValueError, match="whole-file SHA-256"):
+            formats.dump(chunked, fmt)
+    with pytest.raises(ValueError, match="cannot write"):
+        formats.dump(manifest, "model_signing")
+
+
+def test_verify_manifest_argument(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ckpt")
+    manifest = ifs.seal(root)
+    (root / MANIFEST_FILENAME).unlink()
+    assert ifs.verify(root, manifest=manifest).files_checked == len(NAMES)  # a Manifest as is
+    outside = tmp_path / "elsewhere.sha256"
+    outside.write_bytes(formats.dump(manifest, "sha256sum"))
+    assert ifs.verify(root, manifest=outside, strict=True).ok
+    (root / "SUMS").write_bytes(outside.read_bytes())
+    assert ifs.verify(root, manifest=root / "SUMS", strict=True).extra == ()  # absolute, inside the root
+    assert ifs.verify(root, manifest="./SUMS", strict=True).extra == ()
+    assert ifs.verify(root, manifest=outside, strict=False).extra == ("SUMS",)  # not the one in use
+    with pytest.raises(ManifestNotFoundError, match="nope.json"):
+        ifs.verify(root, manifest="nope.json")
+    with pytest.raises(FileNotFoundError) as info:
+        ifs.verify(tmp_path / "missing", manifest="SUMS")
+    assert not isinstance(info.value, ManifestNotFoundError)
+    with pytest.raises(ValueError, match="not a name inside"):
+        ifs.verify(root, manifest="../elsewhere.sha256")
+    (root / "bad.json").write_text("{nope")
+    with pytest.raises(ManifestError, match="bad.json"):
+        ifs.verify(root, manifest="bad.json")
+
+
+def test_verify_with_a_manifest_file_on_s3(tmp_path: Path, s3_backend: Backend) -> None:
+    root = _tree(tmp_path / "ckpt")
+    sums = _sha256sum(root)
+    for name in NAMES:
+        s3_backend.write(name, (root / name).read_bytes())
+    s3_backend.write("SHA256SUMS", sums)
+    opts = s3_backend.storage_options
+    report = ifs.verify(s3_backend.url, manifest="SHA256SUMS", storage_options=opts, strict=True)
+    assert report.files_checked == len(NAMES)
+    elsewhere = f"s3://{s3_backend.root}-sums/SHA256SUMS"  # a URL outside the root, same store and options
+    s3_backend.fs.pipe_file(elsewhere.removeprefix("s3://"), sums)
+    assert ifs.verify(s3_backend.url, manifest=elsewhere, storage_options=opts).extra == ("SHA256SUMS",)
+    s3_backend.corrupt("sub/b.bin", 5)
+    _must_fail(s3_backend.url, "sub/b.bin", manifest="SHA256SUMS", storage_options=opts)
+
+
+# --- distributed and DCP take the manifest too -------------------------------------------------
+
+
+def test_distributed_verify_with_a_manifest_file(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    from dist_launch import run_ranks
+
+    for name in ("good", "corrupt"):
+        root = _tree(tmp_path / name)
+        shutil.rmtree(root / "sub")
+        _megatron_save_integrity_manifest(str(root))
+    _flip(tmp_path / "corrupt" / "a.bin")
+    kwargs = {"manifest": "integrity.json", "strict": True}
+    scenarios = [
+        {"id": f"{name}/{mode}", "op": "verify", "mode": mode, "url": str(tmp_path / name), "kwargs": kwargs}
+        for name in ("good", "corrupt")
+        for mode in ("sharded", "rank0")
+    ]
+    results = run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tmp_path / "run")
+    for mode in ("sharded", "rank0"):
+        good = results[f"good/{mode}"]
+        assert [o["type"] for o in good] == ["Report", "Report"], good
+        assert good[0]["report"] == good[1]["report"] and good[0]["report"]["files_checked"] == len(NAMES) - 1
+        corrupt = results[f"corrupt/{mode}"]
+        assert [o["type"] for o in corrupt] == ["IntegrityError", "IntegrityError"], corrupt
+        assert [p["path"] for p in corrupt[0]["report"]["problems"]] == ["a.bin"]
+    assert sum(o["hashed"] for o in results["good/sharded"]) == sum(
+        (tmp_path / "good" / n).stat().st_size for n in NAMES if "/" not in n
+    )
+
+
+def test_dcp_load_with_a_manifest_file(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from integrity_fs import dcp
+
+    url = str(tmp_path / "ckpt")
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    manifest = dcp.save(state, url)
+    (tmp_path / "ckpt" / MANIFEST_FILENAME).unlink()
+    (tmp_path / "ckpt" / "SHA256SUMS").write_bytes(formats.dump(manifest, "sha256sum"))
+    target = {"w": torch.zeros(1000)}
+    report = dcp.load(target, url, manifest="SHA256SUMS", require_manifest=True, strict=True)
+    assert report is not None and report.files_checked == len(manifest.files)
+    assert torch.equal(target["w"], state["w"])
+    data_file = next(n for n in manifest.files if n.endswith(".distcp"))
+    _flip(tmp_path / "ckpt" / data_file, 100)
+    target = {"w": torch.zeros(1000)}
+    with pytest.raises(IntegrityError, match=data_file):
+        dcp.load(target, url, manifest="SHA256SUMS")
+    assert not target["w"].any()  # untouched
