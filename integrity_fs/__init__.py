@@ -1,6 +1,7 @@
 """integrity_fs: seal checkpoint directories with SHA-256 manifests and verify them before loading,
 on any fsspec filesystem (local, S3, GCS, ...)."""
 
+from . import formats
 from .core import Problem, Report, read_manifest, seal, verify
 from .errors import CheckpointingException, IntegrityError, ManifestError, ManifestNotFoundError
 from .manifest import MANIFEST_FILENAME, Manifest
@@ -14,6 +15,7 @@ __all__ = [
     "ManifestNotFoundError",
     "Problem",
     "Report",
+    "formats",
     "read_manifest",
     "seal",
     "verify",

@@ -38,8 +38,9 @@ FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_sign
 DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "megatron")
 
 _ANY_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
-# GNU coreutils: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode); --tag: "SHA256 (<name>) = <hex>".
-_SUM_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64}) [ *](?P<name>.+)", re.DOTALL)
+# GNU coreutils: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode), which `sha256sum -c` also
+# takes as "<hex> <name>" (BSD's `sha256 -r`); --tag: "SHA256 (<name>) = <hex>".
+_SUM_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64})(?: [ *]| )(?P<name>.+)", re.DOTALL)
 _TAG_LINE = re.compile(r"SHA256 \((?P<name>.+)\) = (?P<hex>[0-9a-fA-F]{64})", re.DOTALL)
 _SUM_ESCAPES = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
 
@@ -181,6 +182,7 @@ def _read_sha256sum(data: bytes) -> Manifest:
         raise ManifestError(f"sha256sum file is not UTF-8 (names must be UTF-8): {exc}") from exc
     files: dict[str, str] = {}
     for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")  # CRLF line ends, which `sha256sum -c` takes too
         if not line:
             continue
         name, digest = _parse_sum_line(line, number)

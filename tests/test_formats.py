@@ -59,6 +59,7 @@ def _must_fail(root: Path | str, name: str, **kwargs: Any) -> IntegrityError:
 
 @pytest.fixture(scope="module")
 def ec_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("model_signing")
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -198,6 +199,8 @@ def test_sha256sum_names_are_checked_as_manifest_names(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="twice"):
         formats.load(f"{digest}  x\n{'cd' * 32}  ./x\n".encode())
     assert formats.load(f"{digest.upper()} *x\n".encode()).files == {"x": digest}
+    # What `sha256sum -c` also takes: CRLF line ends, BSD's one space, no final newline.
+    assert formats.load(f"{digest}  x\r\n{digest} y\r\n{digest}  z".encode()).files == dict.fromkeys("xyz", digest)
 
 
 # --- Megatron-LM -------------------------------------------------------------------------------
