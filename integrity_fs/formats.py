@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -31,6 +32,7 @@ from .manifest import MANIFEST_FILENAME, Manifest, check_name
 __all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load", "read_manifest_file"]
 
 log = logging.getLogger("integrity_fs")
+T = TypeVar("T")
 
 #: What :func:`load` reads (``"auto"`` detects which by content).
 FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_signing")
@@ -423,9 +425,23 @@ def read_manifest_file(
     except IsADirectoryError as exc:
         raise ManifestError(f"{where} is a directory, not a manifest") from exc
     try:
-        return load(raw, format), name
+        manifest = load(raw, format)
     except ManifestError as exc:
         raise ManifestError(f"{where}: {exc}") from exc
+    if name is not None and name in manifest.files:
+        # `sha256sum * > SUMS` run twice, model_signing's Python API re-signing into the model.
+        log.warning("%s lists itself: that entry is left out (no file holds its own digest)", where)
+        manifest = _without(manifest, name)
+    return manifest, name
+
+
+def _without(manifest: Manifest, name: str) -> Manifest:
+    def drop(mapping: Mapping[str, T] | None) -> dict[str, T] | None:
+        return None if mapping is None else {k: v for k, v in mapping.items() if k != name}
+
+    return dataclasses.replace(
+        manifest, files=drop(manifest.files) or {}, sizes=drop(manifest.sizes), chunks=drop(manifest.chunks)
+    )
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

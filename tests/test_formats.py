@@ -185,6 +185,18 @@ def test_sha256sum_output(tmp_path: Path, args: tuple[str, ...]) -> None:
     assert [p.path for p in info.value.report.problems] == sorted([odd, "sp ace.bin"])
 
 
+def test_a_manifest_file_that_lists_itself(tmp_path: Path) -> None:
+    """`sha256sum * > SHA256SUMS` run a second time lists SHA256SUMS (as it was): left out."""
+    root = _tree(tmp_path / "ckpt")
+    shutil.rmtree(root / "sub")
+    for _ in range(2):
+        subprocess.run("sha256sum -- * > SHA256SUMS", shell=True, cwd=root, check=True)
+    assert b" SHA256SUMS\n" in (root / "SHA256SUMS").read_bytes()
+    assert ifs.verify(root, manifest="SHA256SUMS", strict=True).files_checked == len(NAMES) - 1
+    _flip(root / "a.bin")
+    _must_fail(root, "a.bin", manifest="SHA256SUMS")
+
+
 def test_sha256sum_names_are_checked_as_manifest_names(tmp_path: Path) -> None:
     root = _tree(tmp_path / "ckpt")
     (root / "back\\slash").write_bytes(b"x")
