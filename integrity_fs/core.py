@@ -3,6 +3,7 @@ the rules of digests through ``hashing``, the format through ``manifest``."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -82,6 +83,7 @@ class Report:
     extra: tuple[str, ...] = ()
     files_checked: int = 0
     bytes_checked: int = 0
+    files_attested: int = 0
 
     @property
     def ok(self) -> bool:
@@ -94,6 +96,7 @@ class Report:
             "extra": list(self.extra),
             "files_checked": self.files_checked,
             "bytes_checked": self.bytes_checked,
+            "files_attested": self.files_attested,
         }
 
 
@@ -215,6 +218,7 @@ def verify(
     strict: bool = False,
     quick: bool = False,
     manifest: Manifest | URL | None = None,
+    attested: bool = False,
 ) -> Report:
     """Check the checkpoint at ``url`` against its manifest; raise on any problem.
 
@@ -224,11 +228,15 @@ def verify(
     ``strict`` makes files absent from the manifest problems too. ``manifest``: a
     :class:`Manifest`, or the path or URL of a manifest file in any format :mod:`formats`
     reads (a relative name is inside the root); by default the root's ``_integrity_manifest.json``.
+    ``attested`` confirms files whose store-kept SHA-256 equals the manifest's digest without
+    reading them (S3 only; the rest are hashed as usual).
     """
     fs_, root = storage.resolve(url, storage_options, fs)
     started = time.perf_counter()
     manifest_, listing = manifest_and_listing(fs_, root, manifest)
     plan = plan_verification(manifest_, listing, strict=strict, quick=quick)
+    if attested and not quick:
+        plan = attest(fs_, root, manifest_, plan)
     digests = hash_units(fs_, root, manifest_.algorithm, plan.units, max_workers=max_workers, callback=callback)
     report = finish_verification(manifest_, plan, digests)
     if not report.ok:
@@ -269,6 +277,55 @@ class VerificationPlan:
     extra: tuple[str, ...]
     sizes: Mapping[str, int]  # files to hash: present, and of the manifest's size
     units: tuple[Unit, ...]
+    attested: tuple[str, ...] = ()  # files the store's own checksum confirmed: not hashed
+
+
+def attest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, plan: VerificationPlan) -> VerificationPlan:
+    """``plan`` less the files whose store-kept checksum equals their manifest digest.
+
+    A checksum that is absent, not comparable or different attests nothing: the file stays in
+    the plan and its read decides (another part layout gives another checksum for the same bytes).
+    """
+    if not plan.sizes or manifest.sizes is None:
+        return plan
+    names = sorted(plan.sizes)
+    paths = {storage.join(root, name): name for name in names}
+    checksums = storage.store_checksums(fs, list(paths))
+    confirmed = {
+        paths[path]
+        for path, checksum in checksums.items()
+        if checksum is not None
+        and attesting_digest(manifest, paths[path], checksum.composite, checksum.parts) == checksum.digest
+    }
+    if not confirmed:
+        return plan
+    return dataclasses.replace(
+        plan,
+        sizes={n: s for n, s in plan.sizes.items() if n not in confirmed},
+        units=tuple(u for u in plan.units if u.name not in confirmed),
+        attested=tuple(sorted(confirmed)),
+    )
+
+
+def attesting_digest(manifest: Manifest, name: str, composite: bool, parts: int | None = None) -> str | None:
+    """The manifest digest a store-kept SHA-256 of ``name`` must equal to attest it; ``None``
+    when none is comparable.
+
+    A full-object checksum is the SHA-256 of the bytes: ``files[name]`` (file granularity) or
+    the only chunk's digest. A composite checksum is the SHA-256 of the parts' raw digests:
+    ``files[name]`` of a chunk manifest (equal only if every part is the chunk of the same
+    index, byte for byte, so a part count S3 does not report is not needed).
+    """
+    if manifest.algorithm != "sha256":
+        return None
+    chunks = manifest.chunks[name] if manifest.chunks is not None else None
+    if not composite:
+        if manifest.granularity == "file":
+            return manifest.files[name]
+        return chunks[0] if chunks is not None and len(chunks) == 1 else None
+    if chunks is not None and (parts is None or parts == len(chunks)):
+        return manifest.files[name]
+    return None
 
 
 def plan_verification(
@@ -323,6 +380,7 @@ def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Map
         extra=plan.extra,
         files_checked=len(manifest.files) - missing,
         bytes_checked=sum(u.length for u, d in digests.items() if d is not None),
+        files_attested=len(plan.attested),
     )
 
 

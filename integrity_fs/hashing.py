@@ -150,6 +150,10 @@ class StreamDigest:
                 self._hasher = new_hasher(self._algorithm)
                 self._in_chunk = 0
 
+    def completed(self) -> list[str]:
+        """The digests of the chunks completed so far (a view: do not modify)."""
+        return self._done
+
     def digests(self) -> tuple[str, ...]:
         """The unit digests in order; an empty stream has one (empty) unit."""
         if self._in_chunk or not self._done:

@@ -15,7 +15,8 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.implementations.local import LocalFileSystem
 
-from .hashing import new_hasher
+from . import _s3
+from .hashing import StreamDigest, new_hasher
 from .manifest import MANIFEST_FILENAME
 
 log = logging.getLogger("integrity_fs")
@@ -330,3 +331,107 @@ def _hash_streamed(
             with contextlib.suppress(Exception):
                 body.close()
     return hasher.hexdigest()
+
+
+# --- store-kept checksums (S3) -------------------------------------------------------------------
+
+
+def store_checksums(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, _s3.StoreChecksum | None]:
+    """The SHA-256 the store itself keeps for each path, read without reading content.
+
+    Only S3 keeps SHA-256 checksums; on any other filesystem every value is ``None``.
+    """
+    if not _s3.is_s3(fs):
+        return dict.fromkeys(paths)
+    with storage_errors(f"reading the checksums of {len(paths)} objects"):
+        return _s3.store_checksums(fs, paths)
+
+
+class SealingWriter:
+    """Writes one file while hashing it (one digest, or one per chunk), for uploads and copies.
+
+    On S3 with SHA-256, the bytes go up with the digests just computed as S3 checksums, laid out
+    so that S3's own checksum of the object is comparable with the manifest (see ``_s3``): a
+    file of one chunk, or of file granularity up to 64 MiB, in one PUT; a larger chunked file in
+    parts of exactly ``chunk_size`` bytes. Anything else is written as a plain stream. Such
+    writes hold up to one part (``chunk_size``, or 64 MiB) in memory.
+    """
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        *,
+        algorithm: str,
+        granularity: str,
+        chunk_size: int | None,
+        size: int | None = None,
+    ) -> None:
+        self.path = path
+        self._digest = StreamDigest(algorithm, chunk_size if granularity == "chunk" else None)
+        self._part_size: int | None = None
+        if algorithm == "sha256" and size is not None and _s3.is_s3(fs):
+            self._part_size = _s3.part_layout(granularity, chunk_size, size)
+        self._buffer = bytearray()
+        self._upload: _s3.ChecksummedUpload | None = None
+        self._stream: Any = None
+        self._fs = fs
+        self._single_limit = chunk_size if granularity == "chunk" and chunk_size else _s3.SINGLE_PUT_LIMIT
+        if self._part_size is not None:
+            self._upload = _s3.ChecksummedUpload(fs, path)
+        else:
+            if is_local(fs):
+                fs.makedirs(fs._parent(path), exist_ok=True)
+            self._stream = fs.open(path, "wb")
+
+    @property
+    def size(self) -> int:
+        return self._digest.size
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._digest.update(data)
+        if self._stream is not None:
+            self._stream.write(data)
+            return
+        self._buffer += data
+        assert self._upload is not None
+        if self._part_size == 0 and len(self._buffer) > self._single_limit:
+            self._fall_back_to_stream()  # the file grew past one PUT's layout since it was listed
+            return
+        if self._part_size:
+            while len(self._buffer) >= self._part_size:
+                index = len(self._upload._parts)  # the chunk this part is: its digest is done
+                done = self._digest.completed()
+                self._upload.part(bytes(memoryview(self._buffer)[: self._part_size]), done[index])
+                del self._buffer[: self._part_size]
+
+    def _fall_back_to_stream(self) -> None:
+        self._upload = None
+        self._stream = self._fs.open(self.path, "wb")
+        self._stream.write(self._buffer)
+        self._buffer = bytearray()
+
+    def close(self) -> tuple[str, ...]:
+        """Finish the object; the unit digests of what was written (see ``StreamDigest``)."""
+        digests = self._digest.digests()
+        if self._stream is not None:
+            self._stream.close()
+            return digests
+        assert self._upload is not None
+        if self._upload.started:
+            if self._buffer:
+                self._upload.part(self._buffer, digests[-1])
+            self._upload.complete()
+        else:
+            self._upload.put(self._buffer, digests[0])
+        self._buffer = bytearray()
+        return digests
+
+    def abort(self) -> None:
+        """Drop what was written, as far as the store allows (a started multipart upload is aborted)."""
+        if self._upload is not None:
+            with contextlib.suppress(Exception):
+                self._upload.abort()
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.close()

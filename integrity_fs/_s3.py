@@ -1,0 +1,163 @@
+"""S3's own SHA-256 checksums: writes that carry them, and reads of what S3 kept.
+
+S3 checks a ``ChecksumSHA256`` sent with a PUT or an uploaded part against the bytes it
+received and keeps it. A single PUT keeps the object's SHA-256 (a full-object checksum); a
+multipart upload keeps the SHA-256 of the parts' raw SHA-256 digests, with ``-N`` for N parts
+(a composite checksum). With parts of exactly ``chunk_size`` bytes that composite is the file
+digest of a chunk manifest, so a store checksum can attest a file without reading it.
+
+Only ``storage`` imports this module; it talks to S3 through s3fs's ``_call_s3``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.asyn import _run_coros_in_chunks, sync
+
+#: Largest file of file granularity sent in one PUT, so that S3 keeps its full SHA-256.
+SINGLE_PUT_LIMIT = 64 * 1024 * 1024
+#: S3's multipart limits: every part but the last at least MIN_PART, at most MAX_PART bytes.
+MIN_PART = 5 * 1024 * 1024
+MAX_PART = 5 * 1024 * 1024 * 1024
+MAX_PARTS = 10_000
+#: Checksum requests in flight at once.
+CHECKSUM_REQUESTS = 16
+
+
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for s3fs filesystems (the only store whose SHA-256 checksums we use)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "s3" in protocols and hasattr(fs, "_call_s3")
+
+
+def part_layout(granularity: str, chunk_size: int | None, size: int) -> int | None:
+    """The part size that makes a file of ``size`` bytes attestable, 0 for one PUT, None if none does.
+
+    Chunk granularity: one chunk goes in one PUT (full-object checksum = its chunk digest); more
+    go in parts of exactly ``chunk_size``. File granularity: up to ``SINGLE_PUT_LIMIT`` in one PUT.
+    """
+    if granularity == "file":
+        return 0 if size <= SINGLE_PUT_LIMIT else None
+    if granularity != "chunk" or chunk_size is None:
+        return None
+    if size <= chunk_size:
+        return 0 if size <= MAX_PART else None
+    if not MIN_PART <= chunk_size <= MAX_PART or -(-size // chunk_size) > MAX_PARTS:
+        return None
+    return chunk_size
+
+
+def _b64(hexdigest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hexdigest)).decode("ascii")
+
+
+class ChecksummedUpload:
+    """One object written with SHA-256 checksums, from digests the caller already computed.
+
+    ``put(data, digest)`` for a single PUT; or ``part(data, digest)`` for each part in order and
+    ``complete()``. ``abort()`` drops a started multipart upload.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str) -> None:
+        self._fs: Any = fs
+        self._bucket, self._key, _ = fs.split_path(path)
+        self._path = path
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        return sync(self._fs.loop, self._fs._call_s3, method, Bucket=self._bucket, Key=self._key, **kwargs)
+
+    def put(self, data: bytes | bytearray | memoryview, digest: str) -> None:
+        self._call("put_object", Body=bytes(data), ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest))
+        self._fs.invalidate_cache(self._path)
+
+    @property
+    def started(self) -> bool:
+        """A multipart upload is under way."""
+        return self._upload_id is not None
+
+    def part(self, data: bytes | bytearray | memoryview, digest: str) -> None:
+        if self._upload_id is None:
+            self._upload_id = self._call("create_multipart_upload", ChecksumAlgorithm="SHA256")["UploadId"]
+        number = len(self._parts) + 1
+        out = self._call(
+            "upload_part",
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=bytes(data),
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=_b64(digest),
+        )
+        self._parts.append({"PartNumber": number, "ETag": out["ETag"], "ChecksumSHA256": _b64(digest)})
+
+    def complete(self) -> None:
+        assert self._upload_id is not None, "complete() without parts"
+        self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload={"Parts": self._parts})
+        self._upload_id = None
+        self._fs.invalidate_cache(self._path)
+
+    def abort(self) -> None:
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            self._call("abort_multipart_upload", UploadId=upload_id)
+
+
+@dataclass(frozen=True)
+class StoreChecksum:
+    """The SHA-256 S3 keeps for an object: of its bytes, or composite over its parts.
+
+    ``parts`` is the part count of a composite checksum when S3 says it (``None`` otherwise).
+    """
+
+    digest: str  # lowercase hex
+    composite: bool
+    parts: int | None = None
+
+
+def _parse(attributes: Mapping[str, Any]) -> StoreChecksum | None:
+    """A GetObjectAttributes answer as a :class:`StoreChecksum`; ``None`` when it has no SHA-256."""
+    checksum = attributes.get("Checksum") or {}
+    value = checksum.get("ChecksumSHA256")
+    if not value:
+        return None
+    value, _, suffix = str(value).partition("-")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != 32:
+        return None
+    total = (attributes.get("ObjectParts") or {}).get("TotalPartsCount")
+    parts = int(suffix) if suffix.isdigit() else (int(total) if isinstance(total, int) else None)
+    kind = checksum.get("ChecksumType")
+    composite = kind == "COMPOSITE" if kind else parts is not None
+    return StoreChecksum(raw.hex(), composite, parts if composite else None)
+
+
+def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict[str, StoreChecksum | None]:
+    """What S3 keeps for each path (``None``: no SHA-256 there), ``CHECKSUM_REQUESTS`` at a time.
+
+    One GetObjectAttributes request per object; no byte of content is read. Errors are raised.
+    """
+    fs_: Any = fs
+    paths = list(paths)
+
+    async def one(path: str) -> StoreChecksum | None:
+        bucket, key, _ = fs_.split_path(path)
+        out = await fs_._call_s3(
+            "get_object_attributes",
+            Bucket=bucket,
+            Key=key,
+            ObjectAttributes=["Checksum", "ObjectParts", "ObjectSize"],
+        )
+        return _parse(out)
+
+    results = sync(fs_.loop, _run_coros_in_chunks, [one(p) for p in paths], batch_size=CHECKSUM_REQUESTS)
+    return dict(zip(paths, results, strict=True))
