@@ -2,12 +2,14 @@
 on any fsspec filesystem (local, S3, GCS, ...)."""
 
 from . import formats
-from .core import Problem, Report, read_manifest, seal, verify
-from .errors import CheckpointingException, IntegrityError, ManifestError, ManifestNotFoundError
+from .core import Problem, Report, read_manifest, seal, sign, verify
+from .errors import CheckpointingException, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest
+from .signing import SIGNATURE_FILENAME
 
 __all__ = [
     "MANIFEST_FILENAME",
+    "SIGNATURE_FILENAME",
     "CheckpointingException",
     "IntegrityError",
     "Manifest",
@@ -15,9 +17,11 @@ __all__ = [
     "ManifestNotFoundError",
     "Problem",
     "Report",
+    "SignatureError",
     "formats",
     "read_manifest",
     "seal",
+    "sign",
     "verify",
 ]
 

@@ -16,8 +16,8 @@ from typing import Any, Literal, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import formats, storage
-from .errors import IntegrityError, ManifestError, ManifestNotFoundError
+from . import formats, signing, storage
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .hashing import (
     DEFAULT_ALGORITHM,
     DEFAULT_CHUNK_SIZE,
@@ -139,12 +139,16 @@ def seal(
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
+    private_key: signing.PrivateKey | None = None,
 ) -> Manifest:
     """Hash every file under ``url`` and write the manifest beside them, last and atomically.
 
-    A seal that fails part-way writes nothing: an earlier manifest stays as it was.
+    A seal that fails part-way writes nothing: an earlier manifest stays as it was. With
+    ``private_key`` (a PEM path or a ``cryptography`` EC key), ``model.sig`` is written right
+    after the manifest, from the same digests.
     """
     chunk_size = check_seal_options(algorithm, granularity, chunk_size)
+    key = None if private_key is None else load_signing_key(private_key, algorithm, granularity)
     fs_, root = storage.resolve(url, storage_options, fs)
     started = time.perf_counter()
     sizes = storage.list_files(fs_, root)
@@ -154,7 +158,10 @@ def seal(
         gone = sorted({u.name for u, d in digests.items() if d is None})
         raise FileNotFoundError(f"files vanished while sealing {storage.describe(fs_, root)}: {', '.join(gone)}")
     manifest = build_manifest(algorithm, granularity, chunk_size, sizes, digests)
+    signature = None if key is None else signing.sign(manifest, key, model_name(root))
     write_manifest(fs_, root, manifest)
+    if signature is not None:
+        write_signature(fs_, root, signature)
     _log_done("sealed", storage.describe(fs_, root), len(sizes), sum(sizes.values()), started)
     return manifest
 
@@ -176,6 +183,84 @@ def check_seal_options(algorithm: str, granularity: str, chunk_size: int | None)
 
 def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> None:
     storage.write_atomic(fs, storage.join(root, MANIFEST_FILENAME), manifest.to_json())
+
+
+# --- signatures ----------------------------------------------------------------------------------
+
+
+def load_signing_key(private_key: signing.PrivateKey, algorithm: str, granularity: str) -> Any:
+    """The private key, loaded and checked before any content is read."""
+    signing.check_signable(algorithm, granularity)
+    return signing.load_private_key(private_key)
+
+
+def model_name(root: str) -> str:
+    """The checkpoint's name as model_signing records it: the root's last component."""
+    return root.rstrip("/").rsplit("/", 1)[-1] or "/"
+
+
+def write_signature(fs: fsspec.AbstractFileSystem, root: str, signature: bytes) -> None:
+    storage.write_atomic(fs, storage.join(root, signing.SIGNATURE_FILENAME), signature)
+
+
+def sign(
+    url: URL,
+    *,
+    private_key: signing.PrivateKey,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+) -> Manifest:
+    """Sign the sealed checkpoint at ``url``: verify its content first, then write ``model.sig``.
+
+    A damaged checkpoint is never signed (``IntegrityError``); an unsealed one raises
+    ``ManifestNotFoundError``. An existing signature is replaced. Returns the signed manifest.
+    """
+    fs_, root = storage.resolve(url, storage_options, fs)
+    before = load_manifest(fs_, root)
+    key = load_signing_key(private_key, before.algorithm, before.granularity)
+    verify(root, fs=fs_, max_workers=max_workers, callback=callback)
+    manifest = load_manifest(fs_, root)
+    if manifest.to_json() != before.to_json():
+        raise RuntimeError(f"the manifest at {storage.describe(fs_, root)} changed while it was verified; not signed")
+    write_signature(fs_, root, signing.sign(manifest, key, model_name(root)))
+    log.info("signed %s", storage.describe(fs_, root))
+    return manifest
+
+
+def load_manifest_if_any(fs: fsspec.AbstractFileSystem, root: str) -> Manifest | None:
+    """The root's manifest, or ``None`` when it has none (a signature can stand in for it)."""
+    try:
+        return load_manifest(fs, root)
+    except ManifestNotFoundError:
+        return None
+
+
+def check_signature(
+    fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest | None, public_key: signing.PublicKey
+) -> Manifest:
+    """Check the root's ``model.sig`` with ``public_key`` and against ``manifest``; the manifest
+    to verify content against (the signed digests when ``manifest`` is ``None``).
+
+    ``SignatureError`` when the signature is missing, invalid, or covers other digests.
+    """
+    location = storage.describe(fs, root)
+    try:
+        data = storage.read_file(fs, storage.join(root, signing.SIGNATURE_FILENAME))
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        missing = Report(problems=(Problem(signing.SIGNATURE_FILENAME, "missing"),))
+        raise SignatureError(
+            f"no {signing.SIGNATURE_FILENAME}: the checkpoint is not signed", missing, location
+        ) from exc
+    signed = signing.open_bundle(data, public_key, location=location)
+    if manifest is None:
+        return signing.to_manifest(signed, location=location)
+    lines, problems = signing.differences(manifest, signed)
+    if problems:
+        report = Report(problems=tuple(problems))
+        raise SignatureError(signing.describe_differences(lines), report, location)
+    return manifest
 
 
 def build_manifest(
@@ -219,6 +304,7 @@ def verify(
     quick: bool = False,
     manifest: Manifest | URL | None = None,
     attested: bool = False,
+    public_key: signing.PublicKey | None = None,
 ) -> Report:
     """Check the checkpoint at ``url`` against its manifest; raise on any problem.
 
@@ -229,11 +315,13 @@ def verify(
     :class:`Manifest`, or the path or URL of a manifest file in any format :mod:`formats`
     reads (a relative name is inside the root); by default the root's ``_integrity_manifest.json``.
     ``attested`` confirms files whose store-kept SHA-256 equals the manifest's digest without
-    reading them (S3 only; the rest are hashed as usual).
+    reading them (S3 only; the rest are hashed as usual). With ``public_key``, ``model.sig``
+    must verify and cover exactly the manifest's digests (``SignatureError``) before content is
+    checked; without a manifest, the signed digests are the manifest.
     """
     fs_, root = storage.resolve(url, storage_options, fs)
     started = time.perf_counter()
-    manifest_, listing = manifest_and_listing(fs_, root, manifest)
+    manifest_, listing = manifest_and_listing(fs_, root, manifest, public_key)
     plan = plan_verification(manifest_, listing, strict=strict, quick=quick)
     if attested and not quick:
         plan = attest(fs_, root, manifest_, plan)
@@ -246,21 +334,32 @@ def verify(
 
 
 def manifest_and_listing(
-    fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest | URL | None = None
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    manifest: Manifest | URL | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> tuple[Manifest, dict[str, int]]:
     """The manifest to verify against (see ``verify``) and the listing to check it with.
 
     The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
+    With ``public_key`` the signature is checked against that manifest (or stands in for a
+    missing default one).
     """
+    key = None if public_key is None else signing.load_public_key(public_key)
     in_use = None
     if manifest is None:
-        manifest = load_manifest(fs, root)
-    elif not isinstance(manifest, Manifest):
-        manifest, in_use = formats.read_manifest_file(fs, root, manifest)
+        found = load_manifest(fs, root) if key is None else load_manifest_if_any(fs, root)
+    elif isinstance(manifest, Manifest):
+        found = manifest
+    else:
+        found, in_use = formats.read_manifest_file(fs, root, manifest)
     listing = storage.list_files(fs, root)
     if in_use is not None:
         listing.pop(in_use, None)
-    return manifest, listing
+    if key is not None:
+        found = check_signature(fs, root, found, key)
+    assert found is not None
+    return found, listing
 
 
 def _log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:

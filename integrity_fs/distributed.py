@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import core, storage
+from . import core, signing, storage
 from .core import URL, Report, VerificationPlan
-from .errors import IntegrityError, ManifestError, ManifestNotFoundError
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
 from .manifest import Manifest
 
@@ -67,12 +67,14 @@ def verify(
     strict: bool = False,
     quick: bool = False,
     manifest: Manifest | URL | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> Report:
     """:func:`integrity_fs.verify` as a collective: call it on every rank of ``group`` (default: the world).
 
     Every rank returns an equal :class:`~integrity_fs.Report` or raises the same exception.
     ``storage_options``, ``fs``, ``max_workers`` and ``callback`` are each rank's own (the callback
-    sees this rank's bytes); ``strict``, ``quick`` and ``manifest`` are taken from rank 0.
+    sees this rank's bytes); ``strict``, ``quick``, ``manifest`` and ``public_key`` are taken from
+    rank 0, which checks the signature before any content is hashed.
     """
     _check_mode(mode)
     g = _group(group)
@@ -87,6 +89,7 @@ def verify(
             strict=strict,
             quick=quick,
             manifest=manifest,
+            public_key=public_key,
         )
 
     if g is None:
@@ -95,7 +98,7 @@ def verify(
         return _on_rank0(g, local_verify)
     local = _attempt(g.rank, lambda: storage.resolve(url, storage_options, fs))
     planned = _broadcast(
-        g, _attempt(g.rank, lambda: _plan_verify(local, strict, quick, manifest)) if g.rank == 0 else None
+        g, _attempt(g.rank, lambda: _plan_verify(local, strict, quick, manifest, public_key)) if g.rank == 0 else None
     )
     share = _attempt(g.rank, lambda: _hash_share(g, local, planned, max_workers, callback))
     shares = _all_gather(g, share)
@@ -120,10 +123,12 @@ def seal(
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
+    private_key: signing.PrivateKey | None = None,
 ) -> Manifest:
     """:func:`integrity_fs.seal` as a collective: call it on every rank of ``group`` (default: the world).
 
-    Rank 0 writes the manifest once every share is hashed; every rank returns an equal
+    Rank 0 writes the manifest once every share is hashed (and ``model.sig`` with rank 0's
+    ``private_key``; other ranks may pass ``None``); every rank returns an equal
     :class:`~integrity_fs.Manifest` or raises the same exception. ``algorithm``, ``granularity``
     and ``chunk_size`` are taken from rank 0; the storage options are each rank's own.
     """
@@ -140,6 +145,7 @@ def seal(
             fs=fs,
             max_workers=max_workers,
             callback=callback,
+            private_key=private_key,
         )
 
     if g is None:
@@ -149,11 +155,16 @@ def seal(
         return Manifest.from_json(_on_rank0(g, lambda: local_seal().to_json()))
     local = _attempt(g.rank, lambda: storage.resolve(url, storage_options, fs))
     planned = _broadcast(
-        g, _attempt(g.rank, lambda: _plan_seal(local, algorithm, granularity, chunk_size)) if g.rank == 0 else None
+        g,
+        _attempt(g.rank, lambda: _plan_seal(local, algorithm, granularity, chunk_size, private_key))
+        if g.rank == 0
+        else None,
     )
     share = _attempt(g.rank, lambda: _hash_share(g, local, planned, max_workers, callback))
     shares = _all_gather(g, share)
-    written = _broadcast(g, _attempt(g.rank, lambda: _write_seal(local, planned, shares)) if g.rank == 0 else None)
+    written = _broadcast(
+        g, _attempt(g.rank, lambda: _write_seal(local, planned, shares, private_key)) if g.rank == 0 else None
+    )
     _raise_first([planned, *shares, written])
     assert isinstance(written, bytes)
     return Manifest.from_json(written)
@@ -185,7 +196,8 @@ class Failure:
     """An exception as picklable data, so that every rank can raise the same one.
 
     ``type_name`` names a type that can be rebuilt: ``IntegrityError`` (with ``report`` and
-    ``location``), ``ManifestNotFoundError``, ``ManifestError``, or a built-in exception. Other
+    ``location``), ``SignatureError`` (the same, and ``message`` is its ``detail``),
+    ``ManifestNotFoundError``, ``ManifestError``, or a built-in exception. Other
     types arrive as ``RuntimeError`` whose message starts with the original type's name.
     ``cause`` is the original exception, kept only on the rank that raised it.
     """
@@ -200,6 +212,8 @@ class Failure:
 
     @classmethod
     def from_exception(cls, exc: Exception, rank: int) -> Failure:
+        if isinstance(exc, SignatureError):  # before IntegrityError: it is one
+            return cls("SignatureError", exc.detail, rank, exc.report, exc.location, cause=exc)
         if isinstance(exc, IntegrityError):
             return cls("IntegrityError", str(exc), rank, exc.report, exc.location, cause=exc)
         if isinstance(exc, ManifestNotFoundError):  # before OSError: it is a FileNotFoundError
@@ -213,6 +227,9 @@ class Failure:
 
     def to_exception(self) -> Exception:
         """A fresh exception of the recorded type whose ``str()`` is the recorded message."""
+        if self.type_name == "SignatureError":
+            assert self.report is not None
+            return SignatureError(self.message, self.report, self.location)
         if self.type_name == "IntegrityError":
             assert self.report is not None
             return IntegrityError(self.report, self.location)
@@ -286,22 +303,32 @@ class _SealPlan:
 
 
 def _plan_verify(
-    local: FsRoot | Failure, strict: bool, quick: bool, manifest_arg: Manifest | URL | None = None
+    local: FsRoot | Failure,
+    strict: bool,
+    quick: bool,
+    manifest_arg: Manifest | URL | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> _VerifyPlan | Failure:
-    """Rank 0: read the manifest and list the checkpoint."""
+    """Rank 0: read the manifest (and check the signature with a key) and list the checkpoint."""
     if isinstance(local, Failure):
         return local
     fs, root = local
-    manifest, listing = core.manifest_and_listing(fs, root, manifest_arg)
+    manifest, listing = core.manifest_and_listing(fs, root, manifest_arg, public_key)
     plan = core.plan_verification(manifest, listing, strict=strict, quick=quick)
     return _VerifyPlan(manifest.to_json(), plan, manifest.algorithm, storage.describe(fs, root))
 
 
 def _plan_seal(
-    local: FsRoot | Failure, algorithm: str, granularity: str, chunk_size: int | None
+    local: FsRoot | Failure,
+    algorithm: str,
+    granularity: str,
+    chunk_size: int | None,
+    private_key: signing.PrivateKey | None,
 ) -> _SealPlan | Failure:
-    """Rank 0: check the options and list the checkpoint."""
+    """Rank 0: check the options (and the signing key) and list the checkpoint."""
     chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
+    if private_key is not None:
+        core.load_signing_key(private_key, algorithm, granularity)
     if isinstance(local, Failure):
         return local
     fs, root = local
@@ -328,9 +355,12 @@ def _hash_share(
 
 
 def _write_seal(
-    local: FsRoot | Failure, planned: _SealPlan | Failure | None, shares: Sequence[Digests | Failure]
+    local: FsRoot | Failure,
+    planned: _SealPlan | Failure | None,
+    shares: Sequence[Digests | Failure],
+    private_key: signing.PrivateKey | None,
 ) -> bytes | None:
-    """Rank 0: build and write the manifest once every share is in; its canonical bytes."""
+    """Rank 0: build and write the manifest (then the signature) once every share is in; its bytes."""
     if isinstance(local, Failure) or not isinstance(planned, _SealPlan):
         return None
     if any(isinstance(share, Failure) for share in shares):
@@ -341,7 +371,10 @@ def _write_seal(
     if gone:
         raise FileNotFoundError(f"files vanished while sealing {planned.location}: {', '.join(gone)}")
     manifest = core.build_manifest(planned.algorithm, planned.granularity, planned.chunk_size, planned.sizes, digests)
+    signature = None if private_key is None else signing.sign(manifest, private_key, core.model_name(root))
     core.write_manifest(fs, root, manifest)
+    if signature is not None:
+        core.write_signature(fs, root, signature)
     return manifest.to_json()
 
 

@@ -3,6 +3,8 @@
 - content does not match the manifest: :class:`IntegrityError` (carries the full report);
 - no manifest at all: :class:`ManifestNotFoundError` (a ``FileNotFoundError``);
 - the manifest cannot be trusted as a description: :class:`ManifestError` (a ``ValueError``);
+- a signature is missing, invalid, or covers other digests: :class:`SignatureError` (an
+  ``IntegrityError``);
 - storage failed: a built-in ``OSError``, never one of the above.
 """
 
@@ -39,6 +41,32 @@ class IntegrityError(Exception):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.report, self.location))
+
+
+class SignatureError(IntegrityError):
+    """A signature check failed: ``model.sig`` is missing or invalid for the given key, or the
+    digests it covers differ from the manifest's.
+
+    ``detail`` says what failed. ``report`` names what differs: per file (``"extra"``: signed but
+    not in the manifest; ``"missing"``: in the manifest but not signed; ``"mismatch"``: signed
+    with other digests) or, when the signature itself failed, ``model.sig``.
+    """
+
+    def __init__(self, detail: str, report: Report | None = None, location: str = "") -> None:
+        if report is None:
+            from .core import Problem, Report
+            from .signing import SIGNATURE_FILENAME
+
+            report = Report(problems=(Problem(SIGNATURE_FILENAME, "mismatch"),))
+        self.detail = detail
+        super().__init__(report, location)
+
+    def _describe(self) -> str:
+        where = f" at {self.location}" if self.location else ""
+        return f"signature check{where} failed: {self.detail}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.detail, self.report, self.location))
 
 
 #: The seed's name for :class:`IntegrityError`, kept so seed-era ``except`` clauses still work.

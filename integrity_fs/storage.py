@@ -18,6 +18,10 @@ from fsspec.implementations.local import LocalFileSystem
 from . import _s3
 from .hashing import StreamDigest, new_hasher
 from .manifest import MANIFEST_FILENAME
+from .signing import SIGNATURE_FILENAME
+
+#: Files at the root that describe the checkpoint and are not its content.
+NOT_CONTENT = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
 
 log = logging.getLogger("integrity_fs")
 
@@ -111,7 +115,7 @@ def describe(fs: fsspec.AbstractFileSystem, root: str) -> str:
 def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
     """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
 
-    The root's manifest is left out. On local disks, symlinks are never followed out of the
+    The root's manifest and signature are left out. On local disks, symlinks are never followed out of the
     root: a link whose target lies outside is skipped (and logged), and linked directories
     are not descended.
     """
@@ -130,7 +134,7 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
         if info.get("type", "file") != "file" or not path.startswith(prefix):
             continue
         name = path[len(prefix) :]
-        if name and name != MANIFEST_FILENAME:
+        if name and name not in NOT_CONTENT:
             out[name] = int(info["size"])
     return dict(sorted(out.items()))
 
@@ -151,7 +155,7 @@ def _list_local(root: str) -> dict[str, int]:
         for filename in filenames:
             path = os.path.join(dirpath, filename)
             name = path[len(prefix) :].replace(os.sep, "/")
-            if name == MANIFEST_FILENAME:
+            if name in NOT_CONTENT:
                 continue
             if os.path.islink(path):
                 target = os.path.realpath(path)

@@ -1,0 +1,492 @@
+"""Signatures over a manifest's digests, in the format OpenSSF model_signing writes with a key.
+
+``model.sig`` is a Sigstore bundle (media type v0.3) holding a DSSE envelope over an in-toto v1
+statement whose predicate (``https://model_signing/signature/v1.0``) lists every signed resource
+with its digest; the subject's digest is the SHA-256 of the resources' raw digests, in order.
+File granularity is model_signing's ``files`` serialization (one resource per file, its SHA-256:
+our file digest). Chunk granularity is its ``shards`` serialization with ``shard_size =
+chunk_size`` (one resource ``name:start:end`` per chunk: our chunk digests; empty files have no
+shard and are not signed).
+
+Pure: bytes in, bytes out. Reading and writing ``model.sig`` is ``core``'s job. The signature
+itself is ECDSA through ``cryptography`` (extra ``sign``), imported when a key is used.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+from .errors import ManifestError, SignatureError
+from .hashing import chunk_count, chunk_range, combine_chunk_digests
+from .manifest import MANIFEST_FILENAME, Manifest, check_name
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
+
+    from .core import Problem
+
+SIGNATURE_FILENAME = "model.sig"
+INSTALL_HINT = "pip install 'integrity-fs[sign]'"
+
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+
+#: Files model_signing's verifier must not hash: our manifest and the signature itself.
+IGNORE_PATHS = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
+_CURVES = {"secp256r1": "SHA256", "secp384r1": "SHA384", "secp521r1": "SHA512"}
+_MAX_LISTED = 10
+
+#: A PEM file path, PEM bytes, or a ``cryptography`` key object.
+PrivateKey: TypeAlias = "str | os.PathLike[str] | bytes | EllipticCurvePrivateKey"
+PublicKey: TypeAlias = "str | os.PathLike[str] | bytes | EllipticCurvePublicKey"
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What a verified signature covers: resource name -> hex digest, and how they were made.
+
+    ``method`` is model_signing's serialization (``"files"`` or ``"shards"``); ``shard_size``
+    is set for shards. Resource names are file names (files) or ``name:start:end`` (shards).
+    """
+
+    method: str
+    shard_size: int | None
+    resources: Mapping[str, str]
+    model_name: str
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+def _crypto() -> Any:
+    try:
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError as exc:
+        raise ImportError(f"signatures need the cryptography package: {INSTALL_HINT}") from exc
+    return hashes, serialization, ec
+
+
+def _pem(key: str | os.PathLike[str] | bytes) -> bytes:
+    """PEM bytes, read from a local key file (a missing key file is a bad argument: ``ValueError``)."""
+    if isinstance(key, bytes):
+        return key
+    try:
+        with open(key, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read the key file {os.fspath(key)!r}: {exc}") from exc
+
+
+def load_private_key(key: PrivateKey) -> EllipticCurvePrivateKey:
+    """An EC private key from a PEM file path, PEM bytes, or a ``cryptography`` key (returned as is).
+
+    Only unencrypted keys on the curves model_signing supports (P-256, P-384, P-521).
+    """
+    _hashes, serialization, ec = _crypto()
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        private = key
+    elif isinstance(key, (str, os.PathLike, bytes)):
+        try:
+            private = serialization.load_pem_private_key(_pem(key), password=None)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"cannot load the private key {_name(key)}: {exc}") from exc
+    else:
+        raise TypeError(f"private_key must be a PEM path or an EC private key, not {type(key).__name__}")
+    if not isinstance(private, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"the private key {_name(key)} is not an elliptic-curve key")
+    _check_curve(private.curve.name)
+    return cast("EllipticCurvePrivateKey", private)
+
+
+def load_public_key(key: PublicKey) -> EllipticCurvePublicKey:
+    """An EC public key from a PEM file path, PEM bytes, or a ``cryptography`` key (returned as is)."""
+    _hashes, serialization, ec = _crypto()
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        public = key
+    elif isinstance(key, (str, os.PathLike, bytes)):
+        try:
+            public = serialization.load_pem_public_key(_pem(key))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"cannot load the public key {_name(key)}: {exc}") from exc
+    else:
+        raise TypeError(f"public_key must be a PEM path or an EC public key, not {type(key).__name__}")
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise ValueError(f"the public key {_name(key)} is not an elliptic-curve key")
+    _check_curve(public.curve.name)
+    return cast("EllipticCurvePublicKey", public)
+
+
+def _name(key: object) -> str:
+    return (
+        "(PEM bytes)" if isinstance(key, bytes) else repr(os.fspath(key)) if isinstance(key, (str, os.PathLike)) else ""
+    )
+
+
+def _check_curve(curve: str) -> None:
+    if curve not in _CURVES:
+        raise ValueError(f"unsupported curve {curve!r} (model_signing supports {', '.join(_CURVES)})")
+
+
+def _key_hint(public: EllipticCurvePublicKey) -> str:
+    """model_signing's key identifier: the SHA-256 of the public key's PEM (SubjectPublicKeyInfo)."""
+    _hashes, serialization, _ec = _crypto()
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def _ecdsa(curve: str) -> Any:
+    hashes, _serialization, ec = _crypto()
+    return ec.ECDSA(getattr(hashes, _CURVES[curve])())
+
+
+def pae(payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding of an in-toto payload: the bytes actually signed."""
+    return b"DSSEv1 %d %s %d " % (len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), len(payload)) + payload
+
+
+# --- manifest -> resources -> bundle ------------------------------------------------------------
+
+
+def check_signable(algorithm: str, granularity: str) -> None:
+    """``ValueError`` unless model_signing has a serialization for manifests of this kind."""
+    if algorithm != "sha256":
+        raise ValueError(f"signing needs algorithm 'sha256' (what model_signing verifies), not {algorithm!r}")
+    if granularity not in ("file", "chunk"):
+        raise ValueError(f"signing supports granularity 'file' and 'chunk', not {granularity!r}")
+
+
+def _shard_name(name: str, start: int, end: int) -> str:
+    return f"{name}:{start}:{end}"
+
+
+def resources(manifest: Manifest) -> dict[str, str]:
+    """The resources model_signing would list for ``manifest``'s files: name -> hex digest."""
+    check_signable(manifest.algorithm, manifest.granularity)
+    if manifest.granularity == "file":
+        return dict(manifest.files)
+    assert manifest.chunks is not None and manifest.sizes is not None and manifest.chunk_size is not None
+    out: dict[str, str] = {}
+    for name, digests in manifest.chunks.items():
+        size = manifest.sizes[name]
+        if size == 0:
+            continue  # model_signing gives an empty file no shard
+        if ":" in name:
+            raise ValueError(f"{name!r}: model_signing's shard names cannot hold a file name with ':'")
+        for i, digest in enumerate(digests):
+            out[_shard_name(name, *chunk_range(size, manifest.chunk_size, i))] = digest
+    return out
+
+
+def _file_order(name: str) -> tuple[str, ...]:
+    """model_signing's order of files: by path components, as ``PurePosixPath`` compares."""
+    return tuple(name.split("/"))
+
+
+def _shard_order(name: str) -> tuple[tuple[str, ...], int, int]:
+    """model_signing's order of shards: by file, then offsets."""
+    path, start, end = name.rsplit(":", 2)
+    return _file_order(path), int(start), int(end)
+
+
+def statement(manifest: Manifest, model_name: str) -> bytes:
+    """The in-toto statement model_signing would sign for ``manifest`` (its JSON layout, too)."""
+    by_name = resources(manifest)
+    order = _file_order if manifest.granularity == "file" else _shard_order
+    algorithm = "sha256" if manifest.granularity == "file" else f"sha256-sharded-{manifest.chunk_size}"
+    listed = [{"name": n, "algorithm": algorithm, "digest": by_name[n]} for n in sorted(by_name, key=order)]
+    serialization: dict[str, Any] = {"method": "files" if manifest.granularity == "file" else "shards"}
+    if manifest.granularity == "chunk":
+        serialization["shard_size"] = manifest.chunk_size
+    serialization.update(hash_type="sha256", allow_symlinks=False, ignore_paths=list(IGNORE_PATHS))
+    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in listed)).hexdigest()
+    document = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": model_name, "digest": {"sha256": root}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {"serialization": serialization, "resources": listed},
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False).encode("utf-8")
+
+
+def sign(manifest: Manifest, private_key: PrivateKey, model_name: str) -> bytes:
+    """``model.sig`` bytes: ``manifest``'s digests signed with ``private_key``.
+
+    ``model_name`` is informative (model_signing uses the directory's name).
+    """
+    key = load_private_key(private_key)
+    payload = statement(manifest, model_name)
+    signature = key.sign(pae(payload), _ecdsa(key.curve.name))
+    bundle = {
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": _key_hint(key.public_key())}, "tlogEntries": []},
+        "dsseEnvelope": {
+            "payload": base64.b64encode(payload).decode("ascii"),
+            "payloadType": PAYLOAD_TYPE,
+            "signatures": [{"sig": base64.b64encode(signature).decode("ascii"), "keyid": ""}],
+        },
+    }
+    return json.dumps(bundle, separators=(",", ":")).encode("utf-8")
+
+
+# --- bundle -> verified resources ---------------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _json(data: bytes, what: str, location: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SignatureError(f"{what} is not valid JSON ({exc})", location=location) from exc
+
+
+def _get(obj: Any, *path: str, what: str, location: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            raise SignatureError(f"{what} has no {'.'.join(path)}", location=location)
+        obj = obj[key]
+    return obj
+
+
+def _b64(text: object, what: str, location: str) -> bytes:
+    if not isinstance(text, str):
+        raise SignatureError(f"{what} is not a base64 string", location=location)
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise SignatureError(f"{what} is not valid base64 ({exc})", location=location) from exc
+
+
+def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Signed:
+    """Check that ``data`` (``model.sig`` bytes) is signed by ``public_key``; what it covers.
+
+    Any failure (not a bundle, another key, a bad signature, a statement that is not
+    model_signing's or whose root digest does not match its resources) is a ``SignatureError``.
+    """
+    key = load_public_key(public_key)
+    where = SIGNATURE_FILENAME
+    bundle = _json(data, where, location)
+    if _get(bundle, "mediaType", what=where, location=location) != BUNDLE_MEDIA_TYPE:
+        raise SignatureError(f"{where} is not a Sigstore bundle of media type {BUNDLE_MEDIA_TYPE}", location=location)
+    hint = _get(bundle, "verificationMaterial", what=where, location=location).get("publicKey", {}).get("hint")
+    if hint and hint != _key_hint(key):
+        raise SignatureError(f"{where} was signed by another key (key hint {hint})", location=location)
+    envelope = _get(bundle, "dsseEnvelope", what=where, location=location)
+    if _get(envelope, "payloadType", what=where, location=location) != PAYLOAD_TYPE:
+        raise SignatureError(f"{where}: the DSSE payload is not of type {PAYLOAD_TYPE}", location=location)
+    payload = _b64(_get(envelope, "payload", what=where, location=location), f"{where} payload", location)
+    signatures = _get(envelope, "signatures", what=where, location=location)
+    if not isinstance(signatures, list) or not signatures or not isinstance(signatures[0], dict):
+        raise SignatureError(f"{where} holds no signature", location=location)
+    raw = _b64(signatures[0].get("sig"), f"{where} signature", location)
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        key.verify(raw, pae(payload), _ecdsa(key.curve.name))
+    except InvalidSignature as exc:
+        raise SignatureError(
+            f"{where}: the signature does not verify with the given public key", location=location
+        ) from exc
+    return _read_statement(payload, location)
+
+
+def _read_statement(payload: bytes, location: str) -> Signed:
+    what = "the signed statement"
+    doc = _json(payload, what, location)
+    if _get(doc, "_type", what=what, location=location) != STATEMENT_TYPE:
+        raise SignatureError(f"{what} is not an in-toto {STATEMENT_TYPE}", location=location)
+    predicate_type = _get(doc, "predicateType", what=what, location=location)
+    if predicate_type != PREDICATE_TYPE:
+        raise SignatureError(f"{what} has predicate type {predicate_type!r}, not {PREDICATE_TYPE}", location=location)
+    subjects = _get(doc, "subject", what=what, location=location)
+    if not isinstance(subjects, list) or len(subjects) != 1:
+        raise SignatureError(f"{what} must have exactly one subject", location=location)
+    root = _get(subjects[0], "digest", "sha256", what=what, location=location)
+    model_name = subjects[0].get("name", "")
+    serialization = _get(doc, "predicate", "serialization", what=what, location=location)
+    method = _get(serialization, "method", what=what, location=location)
+    hash_type = serialization.get("hash_type")
+    if method not in ("files", "shards") or hash_type != "sha256":
+        raise SignatureError(
+            f"{what} uses serialization {method!r} with hash {hash_type!r}; supported: files or shards of sha256",
+            location=location,
+        )
+    shard_size: int | None = None
+    algorithm = "sha256"
+    if method == "shards":
+        size = serialization.get("shard_size")
+        if isinstance(size, float) and size.is_integer():
+            size = int(size)  # model_signing writes the shard size as a float
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise SignatureError(f"{what} has no valid shard_size ({size!r})", location=location)
+        shard_size = size
+        algorithm = f"sha256-sharded-{size}"
+    listed = _get(doc, "predicate", "resources", what=what, location=location)
+    if not isinstance(listed, list):
+        raise SignatureError(f"{what} has no list of resources", location=location)
+    hasher = hashlib.sha256()
+    out: dict[str, str] = {}
+    for item in listed:
+        name, alg, digest = (item.get(k) if isinstance(item, dict) else None for k in ("name", "algorithm", "digest"))
+        if not isinstance(name, str) or alg != algorithm or not _is_sha256(digest):
+            raise SignatureError(f"{what}: resource {item!r} is not a {algorithm} digest of a name", location=location)
+        assert isinstance(digest, str)
+        _check_resource_name(name, method, location)
+        if name in out:
+            raise SignatureError(f"{what} lists {name!r} twice", location=location)
+        out[name] = digest
+        hasher.update(bytes.fromhex(digest))
+    if hasher.hexdigest() != root:
+        raise SignatureError(f"{what} is inconsistent: its resources do not hash to its root digest", location=location)
+    return Signed(method, shard_size, out, model_name if isinstance(model_name, str) else "")
+
+
+def _is_sha256(digest: object) -> bool:
+    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
+def _check_resource_name(name: str, method: str, location: str) -> None:
+    path = name
+    if method == "shards":
+        parts = name.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[1]) >= int(parts[2]):
+            raise SignatureError(f"signed shard {name!r} is not 'name:start:end'", location=location)
+        path = parts[0]
+    try:
+        check_name(path)
+    except ManifestError as exc:
+        raise SignatureError(f"signed name refused: {exc}", location=location) from exc
+
+
+# --- signed resources vs a manifest -------------------------------------------------------------
+
+
+def _by_file(signed: Signed) -> dict[str, dict[int, tuple[int, str]]]:
+    """Shards: file -> start -> (end, digest)."""
+    out: dict[str, dict[int, tuple[int, str]]] = {}
+    for name, digest in signed.resources.items():
+        path, start, end = name.split(":")
+        out.setdefault(path, {})[int(start)] = (int(end), digest)
+    return out
+
+
+def to_manifest(signed: Signed, *, location: str = "") -> Manifest:
+    """The manifest the signature stands for (used when a checkpoint has no manifest of its own).
+
+    Shards become a chunk manifest with ``chunk_size = shard_size``; each file's shards must
+    be its consecutive chunks, and its size is the last shard's end.
+    """
+    if signed.method == "files":
+        return Manifest(files=dict(signed.resources))
+    assert signed.shard_size is not None
+    size_of, chunks = {}, {}
+    for path, shards in _by_file(signed).items():
+        size = max(end for end, _ in shards.values())
+        want = [chunk_range(size, signed.shard_size, i) for i in range(chunk_count(size, signed.shard_size))]
+        got = sorted((start, end) for start, (end, _) in shards.items())
+        if got != want:
+            raise SignatureError(
+                f"signed shards of {path!r} are not consecutive shards of {signed.shard_size} bytes", location=location
+            )
+        size_of[path] = size
+        chunks[path] = tuple(shards[start][1] for start, _ in want)
+    files = {path: combine_chunk_digests("sha256", digests) for path, digests in chunks.items()}
+    return Manifest(files=files, sizes=size_of, granularity="chunk", chunk_size=signed.shard_size, chunks=chunks)
+
+
+def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Problem]]:
+    """How the signed digests differ from ``manifest``'s: lines for a message, and problems.
+
+    Problems name files: ``"extra"`` signed but not in the manifest, ``"missing"`` in the manifest
+    but not signed, ``"mismatch"`` signed with other digests (``expected`` the signed digest,
+    ``actual`` the manifest's; ``byte_ranges`` the chunks that differ).
+    """
+    from .core import Problem
+
+    method = "files" if manifest.granularity == "file" else "shards"
+    if manifest.algorithm != "sha256" or signed.method != method or signed.shard_size != manifest.chunk_size:
+        shape = f"{signed.method} of {signed.shard_size} bytes" if signed.shard_size else signed.method
+        mine = (
+            f"chunks of {manifest.chunk_size} bytes" if manifest.chunk_size else f"{manifest.granularity} granularity"
+        )
+        line = f"the signature covers {shape} but the manifest has {manifest.algorithm} {mine}"
+        return [line], [Problem(SIGNATURE_FILENAME, "mismatch", expected=shape, actual=mine)]
+    mine_res = resources(manifest)
+    if signed.method == "files":
+        ours: dict[str, dict[str, str]] = {n: {n: d} for n, d in mine_res.items()}
+        theirs: dict[str, dict[str, str]] = {n: {n: d} for n, d in signed.resources.items()}
+    else:
+        ours, theirs = _group_shards(mine_res), _group_shards(signed.resources)
+        for name in manifest.files:  # empty files are in the manifest, and rightly not signed
+            if manifest.sizes is not None and manifest.sizes[name] == 0:
+                ours.setdefault(name, {})
+                theirs.setdefault(name, {})
+    lines: list[str] = []
+    problems: list[Problem] = []
+    for name in sorted(set(ours) | set(theirs)):
+        if name not in ours:
+            lines.append(f"{name}: signed but not in the manifest")
+            problems.append(Problem(name, "extra"))
+        elif name not in theirs:
+            lines.append(f"{name}: in the manifest but not signed")
+            problems.append(Problem(name, "missing", expected=manifest.files[name]))
+        elif ours[name] != theirs[name]:
+            ranges = (
+                tuple(
+                    _range(r)
+                    for r in sorted(set(ours[name]) | set(theirs[name]), key=_shard_order)
+                    if ours[name].get(r) != theirs[name].get(r)
+                )
+                if signed.method == "shards"
+                else ()
+            )
+            signed_digest = _file_digest(signed, name, theirs[name])
+            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in ranges) if ranges else ""
+            lines.append(f"{name}: signed digest differs from the manifest's{where}")
+            problems.append(
+                Problem(name, "mismatch", expected=signed_digest, actual=manifest.files[name], byte_ranges=ranges)
+            )
+    return lines, problems
+
+
+def _group_shards(by_name: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for name, digest in by_name.items():
+        out.setdefault(name.rsplit(":", 2)[0], {})[name] = digest
+    return out
+
+
+def _range(shard: str) -> tuple[int, int]:
+    _path, start, end = shard.rsplit(":", 2)
+    return int(start), int(end)
+
+
+def _file_digest(signed: Signed, name: str, shards: Mapping[str, str]) -> str | None:
+    if signed.method == "files":
+        return shards[name]
+    ordered = [shards[s] for s in sorted(shards, key=_shard_order)]
+    return combine_chunk_digests("sha256", ordered) if ordered else None
+
+
+def describe_differences(lines: list[str]) -> str:
+    shown = lines[:_MAX_LISTED]
+    if len(lines) > _MAX_LISTED:
+        shown.append(f"... and {len(lines) - _MAX_LISTED} more")
+    return "the signed digests differ from the manifest's: " + "; ".join(shown)
