@@ -1,0 +1,511 @@
+"""Signed checkpoints, with the real OpenSSF model_signing package as the peer on the other side.
+
+integrity_fs signs, model_signing verifies (both granularities); model_signing signs, integrity_fs
+verifies (locally and on S3); and the attack a manifest alone cannot catch: a byte flipped and the
+manifest rewritten to match.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
+
+pytest.importorskip("cryptography")
+model_signing = pytest.importorskip("model_signing")
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME, IntegrityError, ManifestNotFoundError, SignatureError
+from integrity_fs import signing as ifs_signing
+
+CHUNK = 64 * 1024
+FILES = {
+    "a.bin": bytes(i * 7 % 251 for i in range(300_000)),  # 5 chunks, the last one short
+    "a/x.bin": b"sorts after a.bin as a string, before it as a path",
+    "sub/b.bin": bytes(i * 13 % 251 for i in range(5000)),
+    "sub/deep/c.bin": bytes(i % 199 for i in range(2 * CHUNK)),  # exactly 2 chunks
+    "empty.bin": b"",
+}
+
+
+class Keys:
+    def __init__(self, root: Path, name: str) -> None:
+        self.private_key = ec.generate_private_key(ec.SECP256R1())
+        self.private = root / f"{name}.pem"
+        self.public = root / f"{name}.pub"
+        self.private.write_bytes(
+            self.private_key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        self.public.write_bytes(
+            self.private_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    return Keys(tmp_path_factory.mktemp("keys"), "key")
+
+
+@pytest.fixture(scope="module")
+def other_key(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    return Keys(tmp_path_factory.mktemp("other-keys"), "other")
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    root = tmp_path / "step_100"
+    for name, data in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _ms_verify(root: Path, public: Path, shard_size: int | None = None) -> None:
+    """model_signing's Python API: verify ``root`` against its model.sig (raises ValueError)."""
+    config = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=public)
+    if shard_size is not None:
+        config.set_hashing_config(model_signing.hashing.Config().use_shard_serialization(shard_size=shard_size))
+    config.verify(root, root / SIGNATURE_FILENAME)
+
+
+def _ms_payload(root: Path, shard_size: int | None) -> dict[str, Any]:
+    """The statement model_signing would sign for ``root`` (hashed by model_signing itself)."""
+    from google.protobuf import json_format
+
+    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILENAME, MANIFEST_FILENAME])
+    if shard_size is not None:
+        hashing.use_shard_serialization(shard_size=shard_size)
+    payload = model_signing._signing.signing.Payload(hashing.hash(root))
+    statement: dict[str, Any] = json.loads(json_format.MessageToJson(payload.statement.pb))
+    return statement
+
+
+def _ms_sign(root: Path, private: Path, shard_size: int | None = None) -> None:
+    """model_signing's Python API signs ``root`` into root/model.sig, as its CLI does (the
+    signature path ignored)."""
+    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILENAME, MANIFEST_FILENAME])
+    if shard_size is not None:
+        hashing.use_shard_serialization(shard_size=shard_size)
+    config = model_signing.signing.Config().use_elliptic_key_signer(private_key=private)
+    config.set_hashing_config(hashing).sign(root, root / SIGNATURE_FILENAME)
+
+
+def _reseal_without_key(root: Path, **kwargs: Any) -> None:
+    """What someone with write access and no key does: rewrite the manifest to match the files."""
+    (root / MANIFEST_FILENAME).unlink()
+    ifs.seal(root, **kwargs)
+
+
+def _bundle(root: Path) -> dict[str, Any]:
+    bundle: dict[str, Any] = json.loads((root / SIGNATURE_FILENAME).read_bytes())
+    return bundle
+
+
+def _statement(root: Path) -> dict[str, Any]:
+    statement: dict[str, Any] = json.loads(base64.b64decode(_bundle(root)["dsseEnvelope"]["payload"]))
+    return statement
+
+
+# --- integrity_fs signs, model_signing verifies ---------------------------------------------------
+
+
+def test_model_signing_verifies_a_file_granularity_signature(ckpt: Path, key: Keys) -> None:
+    manifest = ifs.seal(ckpt, private_key=key.private)
+    statement = _statement(ckpt)
+    assert statement["predicateType"] == "https://model_signing/signature/v1.0"
+    assert statement["subject"][0]["name"] == "step_100"
+    assert statement["predicate"]["serialization"]["method"] == "files"
+    assert set(statement["predicate"]["serialization"]["ignore_paths"]) == {MANIFEST_FILENAME, SIGNATURE_FILENAME}
+    signed = {r["name"]: r["digest"] for r in statement["predicate"]["resources"]}
+    assert signed == dict(manifest.files)
+    theirs = _ms_payload(ckpt, None)
+    assert statement["subject"][0]["digest"] == theirs["subject"][0]["digest"]
+    assert statement["predicate"]["resources"] == theirs["predicate"]["resources"]
+    _ms_verify(ckpt, key.public)  # guesses the files serialization from the signature
+    assert ifs.verify(ckpt, public_key=key.public, strict=True).files_checked == len(FILES)
+    _flip(ckpt / "sub" / "b.bin", 3)
+    with pytest.raises(ValueError, match="sub/b.bin"):
+        _ms_verify(ckpt, key.public)
+
+
+def test_model_signing_cli_verifies_a_signature(ckpt: Path, key: Keys) -> None:
+    """The command the README gives."""
+    ifs.seal(ckpt, private_key=key.private)
+    command = [sys.executable, "-m", "model_signing", "verify", "key", str(ckpt)]
+    command += ["--signature", str(ckpt / SIGNATURE_FILENAME), "--public_key", str(key.public)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Verification succeeded" in done.stdout
+
+
+def test_model_signing_verifies_a_chunk_granularity_signature(ckpt: Path, key: Keys) -> None:
+    manifest = ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK, private_key=key.private_key)
+    statement = _statement(ckpt)
+    assert statement["predicate"]["serialization"]["method"] == "shards"
+    assert statement["predicate"]["serialization"]["shard_size"] == CHUNK
+    names = [r["name"] for r in statement["predicate"]["resources"]]
+    assert names[:2] == ["a/x.bin:0:50", "a.bin:0:65536"]  # model_signing's order: by path components
+    assert not any(n.startswith("empty.bin") for n in names)
+    theirs = _ms_payload(ckpt, CHUNK)
+    assert statement["subject"][0]["digest"] == theirs["subject"][0]["digest"]
+    assert statement["predicate"]["resources"] == theirs["predicate"]["resources"]
+    assert all(r["algorithm"] == f"sha256-sharded-{CHUNK}" for r in statement["predicate"]["resources"])
+    assert manifest.chunks is not None
+    assert [r["digest"] for r in statement["predicate"]["resources"][1:6]] == list(manifest.chunks["a.bin"])
+    _ms_verify(ckpt, key.public, shard_size=CHUNK)
+    assert ifs.verify(ckpt, public_key=key.public).ok
+    _flip(ckpt / "a.bin", 2 * CHUNK + 1)
+    with pytest.raises(ValueError, match="a.bin:131072:196608"):
+        _ms_verify(ckpt, key.public, shard_size=CHUNK)
+
+
+# --- model_signing signs, integrity_fs verifies ---------------------------------------------------
+
+
+@pytest.mark.parametrize("shard_size", [None, CHUNK], ids=["files", "shards"])
+def test_integrity_fs_verifies_what_model_signing_signed(ckpt: Path, key: Keys, shard_size: int | None) -> None:
+    _ms_sign(ckpt, key.private, shard_size)
+    # No manifest: the signed digests are the manifest.
+    report = ifs.verify(ckpt, public_key=key.public)
+    signed_files = len(FILES) if shard_size is None else len(FILES) - 1  # shards leave the empty file out
+    assert report.files_checked == signed_files
+    with pytest.raises(ManifestNotFoundError):
+        ifs.verify(ckpt)  # without a key, the signature is ignored
+    # Sealed as well: the manifest must agree with the signature.
+    granularity = {"granularity": "chunk", "chunk_size": shard_size} if shard_size else {}
+    ifs.seal(ckpt, **granularity)
+    assert ifs.verify(ckpt, public_key=key.public, strict=True).files_checked == len(FILES)
+    _flip(ckpt / "a.bin", 100)
+    with pytest.raises(IntegrityError) as caught:
+        ifs.verify(ckpt, public_key=key.public)
+    assert not isinstance(caught.value, SignatureError)
+    assert [p.path for p in caught.value.report.problems] == ["a.bin"]
+
+
+@pytest.mark.parametrize("shard_size", [None, CHUNK], ids=["files", "shards"])
+def test_integrity_fs_verifies_a_model_signing_signature_on_s3(
+    ckpt: Path, key: Keys, s3_backend: Any, shard_size: int | None
+) -> None:
+    _ms_sign(ckpt, key.private, shard_size)
+    s3_backend.fs.put(f"{ckpt}/", s3_backend.root, recursive=True)
+    s3_backend.fs.invalidate_cache()
+    assert SIGNATURE_FILENAME in s3_backend.listdir()
+    options = s3_backend.storage_options
+    report = ifs.verify(s3_backend.url, storage_options=options, public_key=key.public)
+    assert report.bytes_checked == sum(map(len, FILES.values()))
+    s3_backend.corrupt("sub/b.bin", 7)
+    with pytest.raises(IntegrityError, match="sub/b.bin"):
+        ifs.verify(s3_backend.url, storage_options=options, public_key=key.public)
+    s3_backend.corrupt("sub/b.bin", 7)
+    # The signature on S3 is checked too: one written by another key is refused.
+    s3_backend.write(SIGNATURE_FILENAME, b"{" + s3_backend.read(SIGNATURE_FILENAME))
+    with pytest.raises(SignatureError, match="not valid JSON"):
+        ifs.verify(s3_backend.url, storage_options=options, public_key=key.public)
+
+
+def test_integrity_fs_seals_and_signs_on_s3(ckpt: Path, key: Keys, s3_backend: Any, tmp_path: Path) -> None:
+    s3_backend.fs.put(f"{ckpt}/", s3_backend.root, recursive=True)
+    s3_backend.fs.invalidate_cache()
+    ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options, private_key=key.private)
+    local = tmp_path / "downloaded"
+    s3_backend.fs.get(f"{s3_backend.root}/", str(local), recursive=True)
+    _ms_verify(local, key.public)
+
+
+# --- the attack, and every other way a signature fails ----------------------------------------------
+
+
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_resealed_tampering_passes_plain_verify_and_fails_the_signature(
+    ckpt: Path, key: Keys, granularity: str
+) -> None:
+    options: dict[str, Any] = {"granularity": granularity}
+    if granularity == "chunk":
+        options["chunk_size"] = CHUNK
+    ifs.seal(ckpt, private_key=key.private, **options)
+    _flip(ckpt / "a.bin", 3 * CHUNK + 5)
+    _reseal_without_key(ckpt, **options)
+    assert ifs.verify(ckpt).ok  # a manifest alone cannot catch this
+    with pytest.raises(SignatureError) as caught:
+        ifs.verify(ckpt, public_key=key.public)
+    assert isinstance(caught.value, IntegrityError)
+    assert "a.bin: signed digest differs from the manifest's" in str(caught.value)
+    (problem,) = caught.value.report.problems
+    assert (problem.path, problem.kind) == ("a.bin", "mismatch")
+    if granularity == "chunk":
+        assert problem.byte_ranges == ((3 * CHUNK, 4 * CHUNK),)
+    with pytest.raises(ValueError, match="a.bin"):  # and the peer agrees
+        _ms_verify(ckpt, key.public, CHUNK if granularity == "chunk" else None)
+
+
+def test_signature_by_another_key_is_refused(ckpt: Path, key: Keys, other_key: Keys) -> None:
+    ifs.seal(ckpt, private_key=other_key.private)
+    with pytest.raises(SignatureError, match="signed by another key"):
+        ifs.verify(ckpt, public_key=key.public)
+    bundle = _bundle(ckpt)
+    del bundle["verificationMaterial"]["publicKey"]["hint"]  # no hint: the signature itself must fail
+    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
+    with pytest.raises(SignatureError, match="does not verify with the given public key"):
+        ifs.verify(ckpt, public_key=key.public)
+    assert ifs.verify(ckpt, public_key=other_key.public).ok
+
+
+def test_truncated_bundle_is_refused(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt, private_key=key.private)
+    data = (ckpt / SIGNATURE_FILENAME).read_bytes()
+    for cut in (0, 10, len(data) // 2, len(data) - 1):
+        (ckpt / SIGNATURE_FILENAME).write_bytes(data[:cut])
+        with pytest.raises(SignatureError) as caught:
+            ifs.verify(ckpt, public_key=key.public)
+        assert [p.path for p in caught.value.report.problems] == [SIGNATURE_FILENAME]
+
+
+def test_edited_payload_is_refused(ckpt: Path, key: Keys) -> None:
+    """Digests changed in the bundle without the key: the signature no longer verifies."""
+    ifs.seal(ckpt, private_key=key.private)
+    _flip(ckpt / "a" / "x.bin", 0)
+    _reseal_without_key(ckpt)
+    bundle = _bundle(ckpt)
+    payload = _statement(ckpt)
+    for resource in payload["predicate"]["resources"]:
+        if resource["name"] == "a/x.bin":
+            resource["digest"] = ifs.read_manifest(ckpt).files["a/x.bin"]
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(payload, indent=2).encode()).decode()
+    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
+    with pytest.raises(SignatureError, match="does not verify"):
+        ifs.verify(ckpt, public_key=key.public)
+
+
+def test_signed_statement_with_a_wrong_root_digest_is_refused(ckpt: Path, key: Keys) -> None:
+    manifest = ifs.seal(ckpt)
+    payload = json.loads(ifs_signing.statement(manifest, "step_100"))
+    payload["subject"][0]["digest"]["sha256"] = "0" * 64
+    raw = json.dumps(payload).encode()
+    signature = key.private_key.sign(ifs_signing.pae(raw), ec.ECDSA(hashes.SHA256()))
+    good = json.loads(ifs_signing.sign(manifest, key.private_key, "step_100"))
+    good["dsseEnvelope"]["payload"] = base64.b64encode(raw).decode()
+    good["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
+    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(good))
+    with pytest.raises(SignatureError, match="do not hash to its root digest"):
+        ifs.verify(ckpt, public_key=key.public)
+
+
+def test_signed_digests_that_differ_from_the_manifest_name_each_file(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt, private_key=key.private)
+    (ckpt / "new.bin").write_bytes(b"added after signing")
+    (ckpt / "sub" / "b.bin").unlink()
+    _reseal_without_key(ckpt)
+    assert ifs.verify(ckpt).ok
+    with pytest.raises(SignatureError) as caught:
+        ifs.verify(ckpt, public_key=key.public)
+    message = str(caught.value)
+    assert "new.bin: in the manifest but not signed" in message
+    assert "sub/b.bin: signed but not in the manifest" in message
+    kinds = {p.path: p.kind for p in caught.value.report.problems}
+    assert kinds == {"new.bin": "missing", "sub/b.bin": "extra"}
+
+
+def test_signature_of_the_other_granularity_is_refused(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK, private_key=key.private)
+    _reseal_without_key(ckpt)
+    with pytest.raises(SignatureError, match=f"covers shards of {CHUNK} bytes but the manifest has sha256 file"):
+        ifs.verify(ckpt, public_key=key.public)
+    _reseal_without_key(ckpt, granularity="chunk", chunk_size=2 * CHUNK)
+    with pytest.raises(SignatureError, match="covers shards"):
+        ifs.verify(ckpt, public_key=key.public)
+
+
+def test_missing_signature_with_a_key_is_a_signature_error(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt)
+    assert ifs.verify(ckpt).ok
+    with pytest.raises(SignatureError, match="not signed") as caught:
+        ifs.verify(ckpt, public_key=key.public)
+    assert [(p.path, p.kind) for p in caught.value.report.problems] == [(SIGNATURE_FILENAME, "missing")]
+    (ckpt / MANIFEST_FILENAME).unlink()  # neither manifest nor signature: still the signature's error
+    with pytest.raises(SignatureError, match="not signed"):
+        ifs.verify(ckpt, public_key=key.public)
+    with pytest.raises(FileNotFoundError) as gone:
+        ifs.verify(ckpt / "no-such-step", public_key=key.public)
+    assert not isinstance(gone.value, ManifestNotFoundError)
+
+
+def test_signature_file_is_not_content(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt, private_key=key.private)
+    assert SIGNATURE_FILENAME not in ifs.read_manifest(ckpt).files
+    report = ifs.verify(ckpt, strict=True)
+    assert report.extra == () and report.files_checked == len(FILES)
+    (ckpt / "sub" / SIGNATURE_FILENAME).write_bytes(b"nested: only the root's model.sig is the signature")
+    assert ifs.verify(ckpt).extra == (f"sub/{SIGNATURE_FILENAME}",)
+
+
+def test_bad_keys_are_refused_before_anything_is_read(ckpt: Path, tmp_path: Path) -> None:
+    rsa_pem = tmp_path / "not-a-key.pem"
+    rsa_pem.write_text("not a key")
+    with pytest.raises(ValueError, match="cannot load the private key"):
+        ifs.seal(ckpt, private_key=rsa_pem)
+    with pytest.raises(ValueError, match="cannot read the key file"):
+        ifs.seal(ckpt, private_key=tmp_path / "absent.pem")
+    with pytest.raises(ValueError, match="unsupported curve"):
+        ifs.seal(ckpt, private_key=ec.generate_private_key(ec.SECP256K1()))
+    assert not (ckpt / MANIFEST_FILENAME).exists()
+
+
+# --- sign: verify first, then sign ----------------------------------------------------------------
+
+
+def test_sign_verifies_then_signs_and_replaces_a_signature(ckpt: Path, key: Keys, other_key: Keys) -> None:
+    with pytest.raises(ManifestNotFoundError):
+        ifs.sign(ckpt, private_key=key.private)
+    manifest = ifs.seal(ckpt, private_key=key.private)
+    assert ifs.sign(ckpt, private_key=other_key.private) == manifest
+    assert ifs.verify(ckpt, public_key=other_key.public).ok
+    with pytest.raises(SignatureError, match="another key"):
+        ifs.verify(ckpt, public_key=key.public)
+    _ms_verify(ckpt, other_key.public)
+
+
+def test_sign_never_signs_damaged_content(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK)
+    _flip(ckpt / "a.bin", 9)
+    with pytest.raises(IntegrityError) as caught:
+        ifs.sign(ckpt, private_key=key.private)
+    assert not isinstance(caught.value, SignatureError)
+    assert not (ckpt / SIGNATURE_FILENAME).exists()
+
+
+# --- no second read --------------------------------------------------------------------------------
+
+
+class _CountingFile(MemoryFile):  # type: ignore[misc]
+    def read(self, *args: Any) -> bytes:
+        data: bytes = super().read(*args)
+        self.fs.bytes_read += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        n: int = super().readinto(buffer)
+        self.fs.bytes_read += n
+        return n
+
+
+class CountingMemoryFS(MemoryFileSystem):  # type: ignore[misc]
+    """The in-memory store, counting every byte read from files opened through it."""
+
+    protocol = "countingmemory"
+
+    def __init__(self) -> None:
+        super().__init__(skip_instance_cache=True)
+        self.bytes_read = 0
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        f = super()._open(path, mode, **kwargs)
+        if "r" in mode:
+            return _CountingFile(self, f.path, f.getvalue())
+        return f
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> bytes:
+        data: bytes = super().cat_file(path, start, end, **kwargs)
+        self.bytes_read += len(data)
+        return data
+
+
+def test_seal_with_a_key_reads_each_byte_once(key: Keys) -> None:
+    fs = CountingMemoryFS()
+    root = f"/signing-{uuid.uuid4().hex}"
+    total = 0
+    for name, data in FILES.items():
+        fs.pipe_file(f"{root}/{name}", data)
+        total += len(data)
+    try:
+        for options in ({}, {"granularity": "chunk", "chunk_size": CHUNK}):
+            fs.bytes_read = 0
+            if fs.exists(f"{root}/{MANIFEST_FILENAME}"):
+                fs.rm_file(f"{root}/{MANIFEST_FILENAME}")
+            ifs.seal(root, fs=fs, private_key=key.private, **options)
+            assert fs.bytes_read == total, options
+            assert fs.exists(f"{root}/{SIGNATURE_FILENAME}")
+            assert ifs.verify(root, fs=fs, public_key=key.public).ok
+    finally:
+        fs.rm(root, recursive=True)
+
+
+# --- across ranks ----------------------------------------------------------------------------------
+
+
+def test_signature_error_survives_the_distributed_failure_round_trip() -> None:
+    pytest.importorskip("torch.distributed")
+    from integrity_fs.distributed import Failure
+
+    report = ifs.Report(problems=(ifs.Problem("a.bin", "mismatch", expected="aa", actual="bb"),))
+    original = SignatureError("the signed digests differ from the manifest's: a.bin", report, "s3://b/run")
+    failure = pickle.loads(pickle.dumps(Failure.from_exception(original, rank=1)))
+    rebuilt = failure.to_exception()
+    assert type(rebuilt) is SignatureError
+    assert str(rebuilt) == str(original) and rebuilt.report == report and rebuilt.location == "s3://b/run"
+    assert pickle.loads(pickle.dumps(original)).detail == original.detail
+
+
+def test_every_rank_raises_the_same_signature_error(ckpt: Path, key: Keys, tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    from dist_launch import run_ranks
+
+    for mode in ("sharded", "rank0"):
+        shutil.copytree(ckpt, tmp_path / f"seal-{mode}")
+    tampered = tmp_path / "tampered"
+    shutil.copytree(ckpt, tampered)
+    ifs.seal(tampered, granularity="chunk", chunk_size=CHUNK, private_key=key.private)
+    _flip(tampered / "a.bin", 1)
+    _reseal_without_key(tampered, granularity="chunk", chunk_size=CHUNK)
+    scenarios = []
+    for mode in ("sharded", "rank0"):
+        scenarios += [
+            {"id": f"seal/{mode}", "op": "seal", "mode": mode, "url": str(tmp_path / f"seal-{mode}"),
+             "kwargs": {"granularity": "chunk", "chunk_size": CHUNK, "private_key": str(key.private)}},
+            {"id": f"verify/{mode}", "op": "verify", "mode": mode, "url": str(tmp_path / f"seal-{mode}"),
+             "kwargs": {"public_key": str(key.public)}},
+            {"id": f"tampered/{mode}", "op": "verify", "mode": mode, "url": str(tampered),
+             "kwargs": {"public_key": str(key.public)}},
+            {"id": f"unsigned/{mode}", "op": "verify", "mode": mode, "url": str(ckpt),
+             "kwargs": {"public_key": str(key.public)}},
+        ]  # fmt: skip
+    results = run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tmp_path / "run")
+    for mode in ("sharded", "rank0"):
+        assert [r["type"] for r in results[f"seal/{mode}"]] == ["Manifest", "Manifest"]
+        _ms_verify(tmp_path / f"seal-{mode}", key.public, shard_size=CHUNK)
+        assert [r["type"] for r in results[f"verify/{mode}"]] == ["Report", "Report"]
+        for name, needle in (("tampered", "a.bin: signed digest differs"), ("unsigned", "not signed")):
+            outcomes = results[f"{name}/{mode}"]
+            assert [o["type"] for o in outcomes] == ["SignatureError", "SignatureError"], outcomes
+            assert outcomes[0]["message"] == outcomes[1]["message"] and needle in outcomes[0]["message"]
+            assert outcomes[0]["report"] == outcomes[1]["report"]
+        assert all(o["hashed"] == 0 for o in results[f"tampered/{mode}"])  # refused before any content is read
+
+
+def test_fsspec_url_of_a_signed_checkpoint(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt, private_key=key.private)
+    assert ifs.verify(f"file://{ckpt}", public_key=key.public).ok
+    public_key = key.private_key.public_key()
+    assert ifs.verify(str(ckpt), fs=fsspec.filesystem("file"), public_key=public_key).ok
