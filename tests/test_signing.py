@@ -18,14 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import model_signing
 import pytest
-from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
-
-pytest.importorskip("cryptography")
-model_signing = pytest.importorskip("model_signing")
-
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME, IntegrityError, ManifestNotFoundError, SignatureError
