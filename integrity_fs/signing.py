@@ -281,6 +281,15 @@ def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Si
     model_signing's or whose root digest does not match its resources) is a ``SignatureError``.
     """
     key = load_public_key(public_key)
+    try:
+        return _open_bundle(data, key, location)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:  # a value of the wrong type
+        raise SignatureError(
+            f"{SIGNATURE_FILENAME} is malformed ({type(exc).__name__}: {exc})", location=location
+        ) from exc
+
+
+def _open_bundle(data: bytes, key: EllipticCurvePublicKey, location: str) -> Signed:
     where = SIGNATURE_FILENAME
     bundle = _json(data, where, location)
     if _get(bundle, "mediaType", what=where, location=location) != BUNDLE_MEDIA_TYPE:

@@ -506,3 +506,25 @@ def test_fsspec_url_of_a_signed_checkpoint(ckpt: Path, key: Keys) -> None:
     assert ifs.verify(f"file://{ckpt}", public_key=key.public).ok
     public_key = key.private_key.public_key()
     assert ifs.verify(str(ckpt), fs=fsspec.filesystem("file"), public_key=public_key).ok
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda b: b.update(verificationMaterial=[]),
+        lambda b: b["verificationMaterial"].update(publicKey="x"),
+        lambda b: b.update(dsseEnvelope={"payloadType": "application/vnd.in-toto+json", "payload": 7}),
+        lambda b: b["dsseEnvelope"].update(signatures=[{"sig": "!!"}]),
+        lambda b: b["dsseEnvelope"].update(signatures=[]),
+        lambda b: b["dsseEnvelope"].update(payloadType="text/plain"),
+        lambda b: b.update(mediaType="application/vnd.dev.sigstore.bundle.v0.2+json"),
+        lambda b: b.pop("dsseEnvelope"),
+    ],
+)
+def test_malformed_bundles_are_signature_errors(ckpt: Path, key: Keys, edit: Any) -> None:
+    ifs.seal(ckpt, private_key=key.private)
+    bundle = _bundle(ckpt)
+    edit(bundle)
+    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
+    with pytest.raises(SignatureError):
+        ifs.verify(ckpt, public_key=key.public)
