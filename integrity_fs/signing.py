@@ -96,8 +96,9 @@ def load_private_key(key: PrivateKey) -> EllipticCurvePrivateKey:
     if isinstance(key, ec.EllipticCurvePrivateKey):
         private = key
     elif isinstance(key, (str, os.PathLike, bytes)):
+        pem = _pem(key)
         try:
-            private = serialization.load_pem_private_key(_pem(key), password=None)
+            private = serialization.load_pem_private_key(pem, password=None)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"cannot load the private key {_name(key)}: {exc}") from exc
     else:
@@ -114,8 +115,9 @@ def load_public_key(key: PublicKey) -> EllipticCurvePublicKey:
     if isinstance(key, ec.EllipticCurvePublicKey):
         public = key
     elif isinstance(key, (str, os.PathLike, bytes)):
+        pem = _pem(key)
         try:
-            public = serialization.load_pem_public_key(_pem(key))
+            public = serialization.load_pem_public_key(pem)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"cannot load the public key {_name(key)}: {exc}") from exc
     else:
@@ -406,11 +408,15 @@ def to_manifest(signed: Signed, *, location: str = "") -> Manifest:
         return Manifest(files=dict(signed.resources))
     assert signed.shard_size is not None
     size_of, chunks = {}, {}
+    counts: dict[str, int] = {}
+    for name in signed.resources:
+        path = name.rsplit(":", 2)[0]
+        counts[path] = counts.get(path, 0) + 1
     for path, shards in _by_file(signed).items():
         size = max(end for end, _ in shards.values())
         want = [chunk_range(size, signed.shard_size, i) for i in range(chunk_count(size, signed.shard_size))]
         got = sorted((start, end) for start, (end, _) in shards.items())
-        if got != want:
+        if got != want or counts[path] != len(want):
             raise SignatureError(
                 f"signed shards of {path!r} are not consecutive shards of {signed.shard_size} bytes", location=location
             )

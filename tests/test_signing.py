@@ -8,6 +8,7 @@ manifest rewritten to match.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import pickle
 import shutil
@@ -527,4 +528,22 @@ def test_malformed_bundles_are_signature_errors(ckpt: Path, key: Keys, edit: Any
     edit(bundle)
     (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
     with pytest.raises(SignatureError):
+        ifs.verify(ckpt, public_key=key.public)
+
+
+def test_signed_shards_that_are_not_chunks_are_refused_without_a_manifest(ckpt: Path, key: Keys) -> None:
+    manifest = ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK)
+    (ckpt / MANIFEST_FILENAME).unlink()
+    payload = json.loads(ifs_signing.statement(manifest, "step_100"))
+    resources = payload["predicate"]["resources"]
+    resources.insert(1, {**resources[1], "name": "a.bin:0:1000"})  # a second digest for bytes of chunk 0
+    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in resources)).hexdigest()
+    payload["subject"][0]["digest"]["sha256"] = root
+    raw = json.dumps(payload).encode()
+    bundle = json.loads(ifs_signing.sign(manifest, key.private_key, "step_100"))
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(raw).decode()
+    signature = key.private_key.sign(ifs_signing.pae(raw), ec.ECDSA(hashes.SHA256()))
+    bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
+    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
+    with pytest.raises(SignatureError, match="not consecutive shards"):
         ifs.verify(ckpt, public_key=key.public)
