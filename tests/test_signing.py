@@ -174,6 +174,7 @@ def test_model_signing_verifies_a_chunk_granularity_signature(ckpt: Path, key: K
     assert manifest.chunks is not None
     assert [r["digest"] for r in statement["predicate"]["resources"][1:6]] == list(manifest.chunks["a.bin"])
     _ms_verify(ckpt, key.public, shard_size=CHUNK)
+    _ms_verify(ckpt, key.public)  # our integer shard_size lets model_signing take its settings from model.sig
     assert ifs.verify(ckpt, public_key=key.public).ok
     _flip(ckpt / "a.bin", 2 * CHUNK + 1)
     with pytest.raises(ValueError, match="a.bin:131072:196608"):
@@ -547,3 +548,15 @@ def test_signed_shards_that_are_not_chunks_are_refused_without_a_manifest(ckpt: 
     (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
     with pytest.raises(SignatureError, match="not consecutive shards"):
         ifs.verify(ckpt, public_key=key.public)
+
+
+def test_without_cryptography_signing_says_how_to_install_it(
+    ckpt: Path, key: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ifs.seal(ckpt)
+    assert ifs.verify(ckpt).ok  # plain seal and verify never need it
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives", None)
+    with pytest.raises(ImportError, match=r"integrity-fs\[sign\]"):
+        ifs.verify(ckpt, public_key=key.public)
+    with pytest.raises(ImportError, match=r"integrity-fs\[sign\]"):
+        ifs.sign(ckpt, private_key=key.private)
