@@ -29,7 +29,7 @@ from .hashing import (
     new_hasher,
     plan_units,
 )
-from .manifest import MANIFEST_FILENAME, Manifest
+from .manifest import MANIFEST_FILENAME, Manifest, check_name
 
 log = logging.getLogger("integrity_fs")
 T = TypeVar("T")
@@ -115,12 +115,11 @@ def load_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
     path = storage.join(root, MANIFEST_FILENAME)
     try:
         raw = storage.read_file(fs, path)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        storage.check_root(fs, root)  # a root that is not there, or is a file, is not "never sealed"
         raise ManifestNotFoundError(
             f"no {MANIFEST_FILENAME} at {storage.describe(fs, root)}: the checkpoint was never sealed"
         ) from exc
-    except NotADirectoryError as exc:
-        raise ManifestNotFoundError(f"{storage.describe(fs, root)} is not a checkpoint directory") from exc
     except IsADirectoryError as exc:
         raise ManifestError(f"{path} is a directory, not a manifest") from exc
     try:
@@ -151,7 +150,7 @@ def seal(
     key = None if private_key is None else load_signing_key(private_key, algorithm, granularity)
     fs_, root = storage.resolve(url, storage_options, fs)
     started = time.perf_counter()
-    sizes = storage.list_files(fs_, root)
+    sizes = list_for_seal(fs_, root)
     units = plan_units(granularity, sizes, chunk_size)
     digests = hash_units(fs_, root, algorithm, units, max_workers=max_workers, callback=callback)
     if None in digests.values():
@@ -164,6 +163,43 @@ def seal(
         write_signature(fs_, root, signature)
     _log_done("sealed", storage.describe(fs_, root), len(sizes), sum(sizes.values()), started)
     return manifest
+
+
+def list_for_seal(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
+    """The files to seal (name -> size), after checking that the root is a directory and that
+    the manifest can hold every name; ``ValueError`` naming the files it cannot hold."""
+    sizes = storage.list_files(fs, root)
+    if not sizes:  # a root that is a file lists nothing on some stores
+        storage.check_root(fs, root)
+    bad = [f"{_shown(name)} ({reason})" for name in sizes if (reason := _unholdable(name))]
+    if bad:
+        shown = "; ".join(bad[:10]) + (f"; ... and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(
+            f"cannot seal {storage.describe(fs, root)}: a manifest cannot hold these file names, rename them: {shown}"
+        )
+    return sizes
+
+
+def _unholdable(name: str) -> str | None:
+    """Why a manifest cannot hold ``name``, or None when it can."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    try:
+        check_name(name)
+    except ManifestError as exc:
+        return str(exc)
+    return None
+
+
+def _shown(name: str) -> str:
+    """``name`` for a message: as bytes when it is not valid UTF-8 (surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return repr(os.fsencode(name))
+    return repr(name)
 
 
 def check_seal_options(algorithm: str, granularity: str, chunk_size: int | None) -> int | None:
@@ -311,7 +347,8 @@ def verify(
     Raises ``ManifestNotFoundError`` when there is no manifest, ``ManifestError`` when it is
     invalid, ``IntegrityError`` (with every problem in its report) when content differs, and
     ``OSError`` when storage fails. ``quick`` compares names and sizes from a listing only.
-    ``strict`` makes files absent from the manifest problems too. ``manifest``: a
+    ``strict`` makes files absent from the manifest problems too, and so does a manifest
+    that lists no files (it verifies only a directory with no files). ``manifest``: a
     :class:`Manifest`, or the path or URL of a manifest file in any format :mod:`formats`
     reads (a relative name is inside the root); by default the root's ``_integrity_manifest.json``.
     ``attested`` confirms files whose store-kept SHA-256 equals the manifest's digest without
@@ -443,7 +480,9 @@ def plan_verification(
             continue
         sizes[name] = expected
     extra = tuple(name for name in listing if name not in manifest.files)
-    if strict:
+    # A manifest that lists no files vouches for nothing: it verifies only an empty directory,
+    # never whatever happens to sit beside it.
+    if strict or not manifest.files:
         problems.extend(Problem(name, "extra", actual=listing[name]) for name in extra)
     units = () if quick else tuple(plan_units(manifest.granularity, sizes, manifest.chunk_size))
     return VerificationPlan(tuple(problems), extra, sizes, units)

@@ -332,7 +332,7 @@ def _plan_seal(
     if isinstance(local, Failure):
         return local
     fs, root = local
-    sizes = storage.list_files(fs, root)
+    sizes = core.list_for_seal(fs, root)
     units = plan_units(granularity, sizes, chunk_size)
     return _SealPlan(algorithm, granularity, chunk_size, sizes, units, storage.describe(fs, root))
 

@@ -135,17 +135,39 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Manifest:
-        """Parse manifest bytes; ``ManifestError`` says what is wrong with them."""
+        """Parse manifest bytes; ``ManifestError`` says what is wrong with them.
+
+        Strict JSON: a key repeated in any object (which a lenient parser resolves silently,
+        last one wins) and the non-standard ``NaN``/``Infinity`` are refused, and so is
+        anything else the parser refuses (such as an integer too long to convert).
+        """
         try:
             text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
         except UnicodeDecodeError as e:
             raise ManifestError(f"manifest is not UTF-8: {e}") from e
         except json.JSONDecodeError as e:
             raise ManifestError(f"manifest is not valid JSON: {e}") from e
         except RecursionError as e:
             raise ManifestError("manifest JSON is nested too deeply") from e
+        except ManifestError:
+            raise
+        except ValueError as e:  # e.g. the int conversion limit: "Exceeds the limit (4300 digits)"
+            raise ManifestError(f"manifest is not valid JSON: {e}") from e
         return cls.from_dict(data)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ManifestError(f"manifest JSON repeats the key {key!r} in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ManifestError(f"manifest JSON holds {name}, which JSON does not allow")
 
 
 def _is_int(value: object) -> bool:
