@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Hasher(Protocol):
@@ -18,8 +18,60 @@ class Hasher(Protocol):
     def digest(self) -> bytes: ...
 
 
+#: Updates at least this long are hashed on several threads by BLAKE3; shorter ones on one,
+#: where handing work to other threads costs more than it saves (measured: 64 KiB updates
+#: run at 0.65x with threads, 1 MiB ones at 1.7x on 2 cores).
+BLAKE3_THREADED_MIN = 1024 * 1024
+BLAKE3_INSTALL_HINT = "pip install 'integrity-fs[blake3]'"
+
+
+class Blake3Hasher:
+    """BLAKE3 (the ``blake3`` package), multi-threaded when it is fed large buffers.
+
+    Whether to use threads is decided by the first update, since a ``blake3`` object's
+    thread setting is fixed; both settings give the same digest.
+    """
+
+    __slots__ = ("_hasher",)
+
+    def __init__(self) -> None:
+        _blake3_class()  # fail here, with the install hint, rather than on the first update
+        self._hasher: Any = None
+
+    def _state(self, first: int) -> Any:
+        if self._hasher is None:
+            blake3 = _blake3_class()
+            self._hasher = blake3(max_threads=blake3.AUTO if first >= BLAKE3_THREADED_MIN else 1)
+        return self._hasher
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        self._state(len(data)).update(data)
+
+    def hexdigest(self) -> str:
+        return str(self._state(0).hexdigest())
+
+    def digest(self) -> bytes:
+        return bytes(self._state(0).digest())
+
+
+def _blake3_class() -> Any:
+    try:
+        from blake3 import blake3
+    except ImportError:
+        raise NotImplementedError(f"hash algorithm 'blake3' needs the blake3 package: {BLAKE3_INSTALL_HINT}") from None
+    return blake3
+
+
 ALGORITHMS: dict[str, Callable[[], Hasher]] = {
     "sha256": hashlib.sha256,
+    "blake3": Blake3Hasher,
+}
+
+#: Read size for hashing local files, where an algorithm gains from larger reads (BLAKE3
+#: spreads one update over several threads: 4 MiB reads measured 1.13x faster than 1 MiB).
+#: Others use ``storage.BLOCK_SIZE``. One buffer of this size per worker thread.
+READ_SIZES: dict[str, int] = {
+    "blake3": 4 * 1024 * 1024,
 }
 
 DEFAULT_ALGORITHM = "sha256"

@@ -16,7 +16,7 @@ from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.implementations.local import LocalFileSystem
 
 from . import _s3
-from .hashing import StreamDigest, new_hasher
+from .hashing import READ_SIZES, StreamDigest, new_hasher
 from .manifest import MANIFEST_FILENAME
 from .signing import SIGNATURE_FILENAME
 
@@ -98,6 +98,24 @@ def resolve(
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
+
+
+def check_root(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """Raise ``FileNotFoundError`` when nothing is at ``root`` (no directory, no object under the
+    prefix) and ``NotADirectoryError`` when it is a file; return when it is a directory."""
+    if is_local(fs):
+        if os.path.isdir(root):
+            return
+        is_file = os.path.lexists(root)
+    else:
+        with storage_errors(f"checking {describe(fs, root)}"):
+            fs.invalidate_cache(root)
+            if fs.isdir(root):
+                return
+            is_file = fs.exists(root)
+    if is_file:
+        raise NotADirectoryError(f"{describe(fs, root)} is a file, not a checkpoint directory")
+    raise FileNotFoundError(f"no checkpoint at {describe(fs, root)}: nothing exists there")
 
 
 def join(root: str, name: str) -> str:
@@ -258,7 +276,7 @@ def _hash_once(
         if digest is not None:
             return digest
     hasher = new_hasher(algorithm)
-    buf = memoryview(bytearray(max(1, min(BLOCK_SIZE, length))))
+    buf = memoryview(bytearray(max(1, min(READ_SIZES.get(algorithm, BLOCK_SIZE), length))))
     with open_read(fs, path) as f:
         if offset:
             f.seek(offset)
