@@ -18,6 +18,7 @@ from benchmarks import datasets, s3
 from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
 from benchmarks.harness import CORES, REPO, Bench, log
 from benchmarks.report import (
+    blake3_lines,
     chunk_size_lines,
     local_targets,
     machine_line,
@@ -28,7 +29,7 @@ from benchmarks.report import (
 )
 
 RESULTS = os.path.join(REPO, "benchmarks", "results.md")
-SECTIONS = ("local", "memory", "chunks", "s3")
+SECTIONS = ("local", "memory", "chunks", "s3", "blake3")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Config:
     memory: Dataset | None  # the 4 GiB checkpoint of the memory target; None: judged on ``several``
     s3_sets: tuple[Dataset, ...]
     chunk_sizes: tuple[int, ...]
+    blake3: Dataset  # issue 15 part 3: verify with BLAKE3 against SHA-256 and b3sum
     repeats: int  # timed calls per contender and round
     rounds: int  # round-robin passes over a dataset's contenders
 
@@ -57,6 +59,7 @@ QUICK = Config(
         Dataset("s3many", "S3 (moto), many objects", 16, 4 * MiB),
     ),
     chunk_sizes=(64 * MiB,),
+    blake3=Dataset("blake3", "BLAKE3 set", 4, 64 * MiB),
     repeats=3,
     rounds=1,
 )
@@ -71,6 +74,7 @@ FULL = Config(
         Dataset("s3many", "S3 (moto), many objects", 16, 16 * MiB),
     ),
     chunk_sizes=(16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB),
+    blake3=Dataset("blake3", "BLAKE3 set", 4, 256 * MiB),
     repeats=3,
     rounds=2,
 )
@@ -231,6 +235,24 @@ def run_s3(bench: Bench, cfg: Config) -> None:
             bench.run()
 
 
+def run_blake3(bench: Bench, cfg: Config) -> None:
+    """verify of the same files sealed with SHA-256 and with BLAKE3, and b3sum over them."""
+    ds = cfg.blake3
+    sha256, blake3 = datasets.sealed_dir(bench.root, ds), datasets.sealed_dir(bench.root, ds, algorithm="blake3")
+    datasets.warm(datasets.data_files(bench.root, ds))
+
+    def m(name: str, title: str, contender: str, params: dict[str, Any]) -> None:
+        bench.add("blake3", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}")
+
+    m("verify", "integrity_fs.verify, SHA-256", "integrity_fs", {"url": sha256})
+    m("verify-blake3", "integrity_fs.verify, BLAKE3", "integrity_fs", {"url": blake3})
+    if shutil.which("b3sum"):
+        m("b3sum", "b3sum (mmap, all cores)", "b3sum", {"directory": datasets.data_dir(bench.root, ds)})
+    else:
+        log("blake3: b3sum not found (Debian: apt-get install b3sum); its row is left out")
+    bench.run()
+
+
 def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
     source = f"integrity_fs from {bench.import_path}" if bench.import_path else "the installed integrity_fs"
     parts = [
@@ -267,6 +289,12 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
             reference_by(bench, "verify"),
             True,
         ),
+        (
+            "BLAKE3 (issue 15); ratios to integrity_fs.verify with SHA-256",
+            [r for r in bench.rows if r.section == "blake3"],
+            reference_by(bench, "verify"),
+            False,
+        ),
     ]
     for title, rows, reference, server in sections:
         if rows:
@@ -281,6 +309,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
     lines = local_targets(bench, cfg.several, cfg.one, cfg.memory)
     lines += chunk_size_lines(bench, (cfg.one, cfg.several), cfg.chunk_sizes)
     lines += s3_lines(bench, cfg.s3_sets, bench.find("several:threads"))
+    lines += blake3_lines(bench, cfg.blake3)
     if lines:
         parts += ["## Targets", "", *lines, ""]
     contended = [f"- {r.dataset}: {r.label}" for r in bench.rows if r.result["contended"]]
@@ -323,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
     started = time.perf_counter()
     run_baselines(bench)
-    runners = {"local": run_local, "memory": run_memory, "chunks": run_chunks, "s3": run_s3}
+    runners = {"local": run_local, "memory": run_memory, "chunks": run_chunks, "s3": run_s3, "blake3": run_blake3}
     for section in SECTIONS:
         if section in (args.only or SECTIONS):
             log(f"{section}:")

@@ -163,6 +163,13 @@ def openssl(directory: str) -> Run:
     return _command(["openssl", "dgst", "-sha256"], directory)
 
 
+@contender("b3sum", external=True)
+def b3sum(directory: str) -> Run:
+    """``b3sum FILE...`` in a subprocess (the BLAKE3 reference tool: memory-maps each file and
+    hashes it on every core)."""
+    return _command(["b3sum"], directory)
+
+
 def _command(argv: list[str], directory: str) -> Run:
     """Run ``argv FILE...``; return its peak RSS in KiB, sampled every 2 ms while it runs."""
     command = [*argv, *list_data(directory)]

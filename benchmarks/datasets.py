@@ -93,9 +93,11 @@ def ensure_data(root: str, ds: Dataset) -> str:
     return base
 
 
-def sealed_dir(root: str, ds: Dataset, chunk_size: int | None = None) -> str:
-    """A hard-linked copy of the data sealed with file granularity, or chunks of ``chunk_size``."""
+def sealed_dir(root: str, ds: Dataset, chunk_size: int | None = None, algorithm: str = "sha256") -> str:
+    """A hard-linked copy of the data sealed with file granularity, or chunks of ``chunk_size``,
+    with ``algorithm``."""
     variant = "sealed-file" if chunk_size is None else f"sealed-chunk-{human_size(chunk_size).replace(' ', '')}"
+    variant += "" if algorithm == "sha256" else f"-{algorithm}"
     target = os.path.join(root, ds.name, variant)
     manifest = os.path.join(target, integrity_fs.MANIFEST_FILENAME)
     source = ensure_data(root, ds)
@@ -106,9 +108,9 @@ def sealed_dir(root: str, ds: Dataset, chunk_size: int | None = None) -> str:
     for name in ds.file_names():
         os.link(os.path.join(source, name), os.path.join(target, name))
     if chunk_size is None:
-        integrity_fs.seal(target)
+        integrity_fs.seal(target, algorithm=algorithm)
     else:
-        integrity_fs.seal(target, granularity="chunk", chunk_size=chunk_size)
+        integrity_fs.seal(target, algorithm=algorithm, granularity="chunk", chunk_size=chunk_size)
     return target
 
 

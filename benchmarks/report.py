@@ -203,3 +203,24 @@ def s3_lines(bench: Bench, s3_sets: Sequence[Dataset], local_rate: Row | None) -
             f"({verify.ready_mib:.0f} MiB before work), the bare streaming read at {stream.peak_mib:.0f} MiB"
         )
     return out
+
+
+def blake3_lines(bench: Bench, ds: Dataset) -> list[str]:
+    """Issue 15 part 3: verify with BLAKE3 against verify with SHA-256 and against b3sum."""
+    out = []
+    sha, b3, tool = bench.find(f"{ds.key}:verify"), bench.find(f"{ds.key}:verify-blake3"), bench.find(f"{ds.key}:b3sum")
+    if sha and b3:
+        speedup = sha.median_s / b3.median_s
+        text = (
+            f"BLAKE3 verify of {ds.label} ({shape(ds)}): {b3.median_s:.3f} s vs SHA-256 {sha.median_s:.3f} s = "
+            f"{speedup:.2f}x faster; target ≥ 2.5x"
+        )
+        out.append(verdict(speedup >= 2.5, text, sha, b3))
+    if b3 and tool:
+        ratio = tool.median_s / b3.median_s
+        text = (
+            f"BLAKE3 verify of {ds.label}: {b3.gbps:.2f} GB/s = {ratio:.2f}x the speed of b3sum "
+            f"({tool.gbps:.2f} GB/s); target ≥ 0.9x"
+        )
+        out.append(verdict(ratio >= 0.9, text, b3, tool))
+    return out
