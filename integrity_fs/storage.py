@@ -106,7 +106,7 @@ def check_root(fs: fsspec.AbstractFileSystem, root: str) -> None:
     if is_local(fs):
         if os.path.isdir(root):
             return
-        is_file = os.path.lexists(root)
+        is_file = os.path.exists(root)
     else:
         with storage_errors(f"checking {describe(fs, root)}"):
             fs.invalidate_cache(root)
