@@ -2,6 +2,7 @@
 on any fsspec filesystem (local, S3, GCS, ...)."""
 
 from . import formats
+from .checkpoints import find_checkpoints, latest_verified
 from .core import Problem, Report, read_manifest, seal, sign, verify
 from .errors import CheckpointingException, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest
@@ -18,7 +19,9 @@ __all__ = [
     "Problem",
     "Report",
     "SignatureError",
+    "find_checkpoints",
     "formats",
+    "latest_verified",
     "read_manifest",
     "seal",
     "sign",

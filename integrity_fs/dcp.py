@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import fsspec
     from torch.distributed import ProcessGroup
 
-__all__ = ["HashingFsspecWriter", "VerifyingFsspecReader", "WrittenFile", "load", "save"]
+__all__ = ["HashingFsspecWriter", "VerifyingFsspecReader", "WrittenFile", "load", "load_latest", "save"]
 
 log = logging.getLogger("integrity_fs")
 
@@ -504,3 +504,41 @@ def _single_process_quietly(single: bool) -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         yield
+
+
+# --- resuming ----------------------------------------------------------------------------------
+
+
+def load_latest(
+    state_dict: dict[str, Any],
+    root: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    process_group: ProcessGroup | None = None,
+    mode: distributed.Mode = "sharded",
+    max_workers: int | None = None,
+    strict: bool = False,
+    quick: bool = False,
+    planner: LoadPlanner | None = None,
+) -> str | None:
+    """Load the newest checkpoint under ``root`` that verifies into ``state_dict``; its URL, or ``None``.
+
+    A collective over ``process_group``, like :func:`load`: every rank makes the same choice
+    (:func:`integrity_fs.distributed.latest_verified`, which skips unsealed, invalid and damaged
+    checkpoints with a WARNING each and raises storage errors), then loads it without verifying a
+    second time. With no checkpoint that verifies (or no ``root`` yet), ``state_dict`` is untouched.
+    """
+    found = distributed.latest_verified(
+        root,
+        group=process_group,
+        mode=mode,
+        quick=quick,
+        strict=strict,
+        storage_options=storage_options,
+        max_workers=max_workers,
+    )
+    if found is None:
+        return None
+    url, _ = found
+    load(state_dict, url, verify=False, storage_options=storage_options, process_group=process_group, planner=planner)
+    return url

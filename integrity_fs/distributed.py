@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import core, signing, storage
+from . import checkpoints, core, signing, storage
 from .core import URL, Report, VerificationPlan
 from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
@@ -40,7 +40,7 @@ from .manifest import Manifest
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["MODES", "Failure", "Mode", "seal", "shard_units", "verify"]
+__all__ = ["MODES", "Failure", "Mode", "latest_verified", "seal", "shard_units", "verify"]
 
 Mode = Literal["sharded", "rank0"]
 MODES: tuple[str, ...] = ("sharded", "rank0")
@@ -453,3 +453,78 @@ def _all_gather(g: _Group, obj: T) -> list[T]:
     out: list[Any] = [None] * g.size
     _torch_distributed().all_gather_object(out, obj, group=g.handle)
     return out
+
+
+# --- the newest good checkpoint ----------------------------------------------------------------
+
+
+def latest_verified(
+    root: URL,
+    *,
+    group: ProcessGroup | None = None,
+    mode: Mode = "sharded",
+    quick: bool = False,
+    strict: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+) -> tuple[str, Report] | None:
+    """:func:`integrity_fs.latest_verified` as a collective: the same answer on every rank of ``group``.
+
+    Rank 0 lists the candidates and broadcasts them; then every rank runs :func:`verify` on each,
+    newest first, until one passes, so the hashing of each candidate is shared across ranks (in
+    ``mode``). Skipped candidates are logged at WARNING on rank 0. A storage error, or a bad
+    argument on any rank, is raised on every rank.
+    """
+    g = _group(group)
+    if g is None:
+        _check_mode(mode)
+        return checkpoints.latest_verified(
+            root, quick=quick, strict=strict, storage_options=storage_options, fs=fs, max_workers=max_workers
+        )
+    _agree_on_mode(g, mode)
+    interrupted: BaseException | None = None
+    listed: list[str] | Failure | None = None
+    if g.rank == 0:
+        try:
+            listed = _attempt(
+                g.rank, lambda: checkpoints.candidates_or_none(*storage.resolve(root, storage_options, fs))
+            )
+        except BaseException as exc:  # Ctrl-C: the other ranks still get a verdict, then it is raised here
+            interrupted = exc
+            listed = Failure("RuntimeError", f"{type(exc).__name__}: {exc}", g.rank)
+    listed = _broadcast(g, listed)
+    if interrupted is not None:
+        raise interrupted
+    _raise_first([listed])
+    assert isinstance(listed, list)
+    for url in listed:
+        try:
+            report = verify(
+                url,
+                group=group,
+                mode=mode,
+                storage_options=storage_options,
+                fs=fs,
+                max_workers=max_workers,
+                strict=strict,
+                quick=quick,
+            )
+        except Exception as exc:  # the same exception on every rank: every rank goes on alike
+            reason = checkpoints.skip_reason(exc)
+            if reason is None:
+                raise
+            if g.rank == 0:
+                checkpoints.log.warning("skipping %s (%s): %s", url, reason, exc)
+            continue
+        return url, report
+    return None
+
+
+def _agree_on_mode(g: _Group, mode: str) -> None:
+    """Every rank's ``mode`` checked in one collective: a bad or differing mode raises on every rank."""
+    gathered = _all_gather(g, (mode, _attempt(g.rank, lambda: _check_mode(mode))))
+    _raise_first([check for _, check in gathered])
+    modes = [m for m, _ in gathered]
+    if len(set(modes)) > 1:
+        raise ValueError(f"every rank must pass the same mode; by rank: {modes}")

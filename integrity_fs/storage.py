@@ -457,3 +457,38 @@ class SealingWriter:
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 self._stream.close()
+
+
+def list_dirs(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """Names of the immediate subdirectories of ``root``, sorted: one fresh listing, nothing read.
+
+    A root that does not exist (no directory; no object under the prefix) raises
+    ``FileNotFoundError``, a root that is a file ``NotADirectoryError``. On object stores, zero-byte
+    keys ending in ``/`` (folder markers) are directories.
+    """
+    if is_local(fs):
+        if not os.path.isdir(root):
+            if os.path.exists(root):
+                raise NotADirectoryError(f"{root} is a file, not a directory")
+            raise FileNotFoundError(f"no directory at {root}")
+        with os.scandir(root) as entries:
+            return sorted(entry.name for entry in entries if entry.is_dir())
+    where = describe(fs, root)
+    with storage_errors(f"listing {where}"):
+        fs.invalidate_cache(root)
+        try:
+            entries = fs.ls(root, detail=True)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"no directory at {where}") from exc
+    names = set()
+    for info in entries:
+        path = str(info["name"])
+        is_dir = info.get("type") == "directory" or (path.endswith("/") and not info.get("size"))
+        path = path.rstrip("/")
+        if path == root.rstrip("/"):
+            if not is_dir:
+                raise NotADirectoryError(f"{where} is a file, not a directory")
+            continue
+        if is_dir:
+            names.add(path.rsplit("/", 1)[-1])
+    return sorted(names)

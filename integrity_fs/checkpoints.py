@@ -1,0 +1,215 @@
+"""The checkpoints of a run: which are there, newest first, and which is the newest one that verifies.
+
+A run's root holds one directory per checkpoint (``step_1000``, ``global_step1000``,
+``checkpoint-1000``, ``iter_0001000``, ...). :func:`find_checkpoints` orders them by the last
+integer in the name from one listing; :func:`latest_verified` verifies them newest first and returns
+the first that passes, skipping unsealed, invalid and damaged ones with a WARNING each, and raising
+storage errors (an outage must not roll a run back). :func:`status` is the state of every
+checkpoint at a glance, as data (what ``integrity-fs status`` prints).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import fsspec
+from fsspec.callbacks import Callback
+
+from . import core, storage
+from .core import URL, Problem, Report
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError
+
+__all__ = ["CheckpointStatus", "Verdict", "find_checkpoints", "latest_verified", "status"]
+
+log = logging.getLogger("integrity_fs")
+
+Verdict = Literal["ok", "damaged", "unsealed", "invalid"]
+
+_DIGITS = re.compile(r"\d+")
+
+
+def find_checkpoints(
+    root: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+) -> list[str]:
+    """The checkpoint directories directly under ``root``, newest first; one listing, nothing read.
+
+    Newest is the largest last integer in the name (``step_1000``, ``global_step1000``,
+    ``checkpoint-1000``, ``iter_0001000``), ties by name; then the names without an integer, in
+    name order. Names starting with ``.`` or ``_`` (staging and hidden folders) are left out.
+    Returns URLs (``s3://bucket/run/step_1000``), plain paths for local roots. A root that does not
+    exist raises ``FileNotFoundError``, a file ``NotADirectoryError``.
+    """
+    fs_, root_ = storage.resolve(root, storage_options, fs)
+    return _candidates(fs_, root_)
+
+
+def checkpoint_order(name: str) -> tuple[int, int, str]:
+    """Sort key of a checkpoint name: newest (largest last integer) first, then names without one."""
+    numbers = _DIGITS.findall(name)
+    if not numbers:
+        return (1, 0, name)
+    return (0, -int(numbers[-1]), name)
+
+
+def _candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    names = [n for n in storage.list_dirs(fs, root) if not n.startswith((".", "_"))]
+    names.sort(key=checkpoint_order)
+    return [_url(fs, storage.join(root, n)) for n in names]
+
+
+def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    return path if storage.is_local(fs) else fs.unstrip_protocol(path)
+
+
+def candidates_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """:func:`find_checkpoints` for a resume: a root that does not exist yet has no checkpoints.
+
+    A run that has never saved has no directory (on object stores, no object under the prefix);
+    that is logged at WARNING (a wrong path shows up there) and answered with no candidates.
+    """
+    try:
+        return _candidates(fs, root)
+    except FileNotFoundError as exc:
+        log.warning("no checkpoints under %s: %s", storage.describe(fs, root), exc)
+        return []
+
+
+def skip_reason(exc: Exception) -> str | None:
+    """Why a candidate is skipped by :func:`latest_verified`, or ``None`` when ``exc`` must be raised."""
+    if isinstance(exc, ManifestNotFoundError):
+        return "unsealed"
+    if isinstance(exc, ManifestError):
+        return "invalid manifest"
+    if isinstance(exc, IntegrityError):
+        return "damaged"
+    return None
+
+
+def latest_verified(
+    root: URL,
+    *,
+    quick: bool = False,
+    strict: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+) -> tuple[str, Report] | None:
+    """The newest checkpoint under ``root`` that verifies, with its report; ``None`` when none does.
+
+    Candidates come from :func:`find_checkpoints` and are verified newest first (``quick`` and
+    ``strict`` as for :func:`integrity_fs.verify`). Unsealed (no manifest: a save that died before
+    sealing), invalid and damaged ones are skipped, each with a WARNING on the ``integrity_fs``
+    logger naming the reason. A storage error (``OSError``) is raised, never skipped. A root that
+    does not exist yet (a run that never saved) is logged and gives ``None``.
+    """
+    fs_, root_ = storage.resolve(root, storage_options, fs)
+    for url in candidates_or_none(fs_, root_):
+        try:
+            report = core.verify(url, fs=fs_, max_workers=max_workers, strict=strict, quick=quick)
+        except Exception as exc:
+            reason = skip_reason(exc)
+            if reason is None:
+                raise
+            log.warning("skipping %s (%s): %s", url, reason, exc)
+            continue
+        return url, report
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointStatus:
+    """One checkpoint as ``integrity-fs status`` shows it.
+
+    ``files`` and ``bytes`` are what the manifest lists when it is valid (for a manifest without
+    sizes, the bytes of its files that are there), otherwise what the directory holds.
+    ``problems`` are those of a damaged checkpoint; ``detail`` says in words why the verdict is
+    not ``"ok"`` (not part of :meth:`to_dict`, whose keys are the CLI's JSON).
+    """
+
+    name: str
+    url: str
+    sealed: bool
+    files: int
+    bytes: int
+    verdict: Verdict
+    problems: tuple[Problem, ...] = ()
+    detail: str = field(default="", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "sealed": self.sealed,
+            "files": self.files,
+            "bytes": self.bytes,
+            "verdict": self.verdict,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def status(
+    root: URL,
+    *,
+    full: bool = False,
+    strict: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+) -> list[CheckpointStatus]:
+    """Every checkpoint under ``root``, newest first, with its verdict.
+
+    Quick by default (names and sizes against the manifest, no content read); ``full=True`` hashes
+    every file. ``callback`` gets each full verification's bytes (``set_size`` once per checkpoint).
+    Raises what :func:`find_checkpoints` raises, and ``OSError`` on a storage error.
+    """
+    fs_, root_ = storage.resolve(root, storage_options, fs)
+    return [
+        _status_of(fs_, url, full=full, strict=strict, max_workers=max_workers, callback=callback)
+        for url in _candidates(fs_, root_)
+    ]
+
+
+def _status_of(
+    fs: fsspec.AbstractFileSystem,
+    url: str,
+    *,
+    full: bool,
+    strict: bool,
+    max_workers: int | None,
+    callback: Callback | None,
+) -> CheckpointStatus:
+    _, path = storage.resolve(url, fs=fs)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        manifest = core.load_manifest(fs, path)
+    except ManifestNotFoundError as exc:
+        return _from_listing(fs, path, name, url, sealed=False, verdict="unsealed", detail=str(exc))
+    except ManifestError as exc:
+        return _from_listing(fs, path, name, url, sealed=True, verdict="invalid", detail=str(exc))
+    files, nbytes = len(manifest.files), manifest.total_bytes
+    if nbytes is None:  # a seed manifest has no sizes: count what is there of its files
+        listing = storage.list_files(fs, path)
+        nbytes = sum(size for name, size in listing.items() if name in manifest.files)
+    try:
+        core.verify(url, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
+    except IntegrityError as exc:
+        return CheckpointStatus(name, url, True, files, nbytes, "damaged", exc.report.problems, str(exc))
+    except ManifestNotFoundError as exc:  # the manifest went away since it was read
+        return _from_listing(fs, path, name, url, sealed=False, verdict="unsealed", detail=str(exc))
+    except ManifestError as exc:
+        return CheckpointStatus(name, url, True, files, nbytes, "invalid", (), str(exc))
+    return CheckpointStatus(name, url, True, files, nbytes, "ok")
+
+
+def _from_listing(
+    fs: fsspec.AbstractFileSystem, path: str, name: str, url: str, *, sealed: bool, verdict: Verdict, detail: str
+) -> CheckpointStatus:
+    listing = storage.list_files(fs, path)
+    return CheckpointStatus(name, url, sealed, len(listing), sum(listing.values()), verdict, (), detail)
