@@ -46,7 +46,7 @@ def find_checkpoints(
     exist raises ``FileNotFoundError``, a file ``NotADirectoryError``.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
-    return _candidates(fs_, root_)
+    return [checkpoint_url(fs_, storage.join(root_, name)) for name in checkpoint_names(fs_, root_)]
 
 
 def checkpoint_order(name: str) -> tuple[int, int, str]:
@@ -57,24 +57,25 @@ def checkpoint_order(name: str) -> tuple[int, int, str]:
     return (0, -int(numbers[-1]), name)
 
 
-def _candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+def checkpoint_names(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """The names of the checkpoint directories directly under ``root``, newest first."""
     names = [n for n in storage.list_dirs(fs, root) if not n.startswith((".", "_"))]
-    names.sort(key=checkpoint_order)
-    return [_url(fs, storage.join(root, n)) for n in names]
+    return sorted(names, key=checkpoint_order)
 
 
-def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
+def checkpoint_url(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """``path`` as a URL (``s3://bucket/run/step_1``); a plain path on local disks."""
     return path if storage.is_local(fs) else fs.unstrip_protocol(path)
 
 
-def candidates_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
-    """:func:`find_checkpoints` for a resume: a root that does not exist yet has no checkpoints.
+def names_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """:func:`checkpoint_names` for a resume: a root that does not exist yet has no checkpoints.
 
     A run that has never saved has no directory (on object stores, no object under the prefix);
     that is logged at WARNING (a wrong path shows up there) and answered with no candidates.
     """
     try:
-        return _candidates(fs, root)
+        return checkpoint_names(fs, root)
     except FileNotFoundError as exc:
         log.warning("no checkpoints under %s: %s", storage.describe(fs, root), exc)
         return []
@@ -109,16 +110,17 @@ def latest_verified(
     does not exist yet (a run that never saved) is logged and gives ``None``.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
-    for url in candidates_or_none(fs_, root_):
+    for name in names_or_none(fs_, root_):
+        path = storage.join(root_, name)
         try:
-            report = core.verify(url, fs=fs_, max_workers=max_workers, strict=strict, quick=quick)
+            report = core.verify(path, fs=fs_, max_workers=max_workers, strict=strict, quick=quick)
         except Exception as exc:
             reason = skip_reason(exc)
             if reason is None:
                 raise
-            log.warning("skipping %s (%s): %s", url, reason, exc)
+            log.warning("skipping %s (%s): %s", checkpoint_url(fs_, path), reason, exc)
             continue
-        return url, report
+        return checkpoint_url(fs_, path), report
     return None
 
 
@@ -171,22 +173,23 @@ def status(
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
     return [
-        _status_of(fs_, url, full=full, strict=strict, max_workers=max_workers, callback=callback)
-        for url in _candidates(fs_, root_)
+        _status_of(fs_, root_, name, full=full, strict=strict, max_workers=max_workers, callback=callback)
+        for name in checkpoint_names(fs_, root_)
     ]
 
 
 def _status_of(
     fs: fsspec.AbstractFileSystem,
-    url: str,
+    root: str,
+    name: str,
     *,
     full: bool,
     strict: bool,
     max_workers: int | None,
     callback: Callback | None,
 ) -> CheckpointStatus:
-    _, path = storage.resolve(url, fs=fs)
-    name = path.rstrip("/").rsplit("/", 1)[-1]
+    path = storage.join(root, name)
+    url = checkpoint_url(fs, path)
     try:
         manifest = core.load_manifest(fs, path)
     except ManifestNotFoundError as exc:
@@ -198,7 +201,7 @@ def _status_of(
         listing = storage.list_files(fs, path)
         nbytes = sum(size for name, size in listing.items() if name in manifest.files)
     try:
-        core.verify(url, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
+        core.verify(path, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
     except IntegrityError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "damaged", exc.report.problems, str(exc))
     except ManifestNotFoundError as exc:  # the manifest went away since it was read

@@ -474,7 +474,7 @@ def latest_verified(
     Rank 0 lists the candidates and broadcasts them; then every rank runs :func:`verify` on each,
     newest first, until one passes, so the hashing of each candidate is shared across ranks (in
     ``mode``). Skipped candidates are logged at WARNING on rank 0. A storage error, or a bad
-    argument on any rank, is raised on every rank.
+    argument on any rank, is raised on every rank. The returned URL is rank 0's.
     """
     g = _group(group)
     if g is None:
@@ -482,14 +482,15 @@ def latest_verified(
         return checkpoints.latest_verified(
             root, quick=quick, strict=strict, storage_options=storage_options, fs=fs, max_workers=max_workers
         )
-    _agree_on_mode(g, mode)
+    local = _attempt(g.rank, lambda: storage.resolve(root, storage_options, fs))
+    _agree(g, mode, local)
+    assert not isinstance(local, Failure)
+    fs_, root_ = local
     interrupted: BaseException | None = None
-    listed: list[str] | Failure | None = None
+    listed: list[tuple[str, str]] | Failure | None = None
     if g.rank == 0:
         try:
-            listed = _attempt(
-                g.rank, lambda: checkpoints.candidates_or_none(*storage.resolve(root, storage_options, fs))
-            )
+            listed = _attempt(g.rank, lambda: _list_candidates(fs_, root_))
         except BaseException as exc:  # Ctrl-C: the other ranks still get a verdict, then it is raised here
             interrupted = exc
             listed = Failure("RuntimeError", f"{type(exc).__name__}: {exc}", g.rank)
@@ -498,14 +499,13 @@ def latest_verified(
         raise interrupted
     _raise_first([listed])
     assert isinstance(listed, list)
-    for url in listed:
+    for name, url in listed:
         try:
             report = verify(
-                url,
+                storage.join(root_, name),
                 group=group,
                 mode=mode,
-                storage_options=storage_options,
-                fs=fs,
+                fs=fs_,
                 max_workers=max_workers,
                 strict=strict,
                 quick=quick,
@@ -521,10 +521,19 @@ def latest_verified(
     return None
 
 
-def _agree_on_mode(g: _Group, mode: str) -> None:
-    """Every rank's ``mode`` checked in one collective: a bad or differing mode raises on every rank."""
-    gathered = _all_gather(g, (mode, _attempt(g.rank, lambda: _check_mode(mode))))
-    _raise_first([check for _, check in gathered])
-    modes = [m for m, _ in gathered]
+def _list_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, str]]:
+    """Rank 0: the candidates' names and URLs, newest first."""
+    names = checkpoints.names_or_none(fs, root)
+    return [(name, checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]
+
+
+def _agree(g: _Group, mode: str, local: FsRoot | Failure) -> None:
+    """One collective over every rank's arguments: a bad or differing ``mode``, or a root that does
+    not resolve on some rank, raises on every rank."""
+    check = _attempt(g.rank, lambda: _check_mode(mode))
+    gathered = _all_gather(g, (mode, check, local if isinstance(local, Failure) else None))
+    _raise_first([check for _, check, _ in gathered])
+    modes = [m for m, _, _ in gathered]
     if len(set(modes)) > 1:
         raise ValueError(f"every rank must pass the same mode; by rank: {modes}")
+    _raise_first([failed for _, _, failed in gathered])

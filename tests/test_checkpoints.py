@@ -1,0 +1,357 @@
+"""The newest good checkpoint: find_checkpoints, latest_verified, checkpoints.status and
+dcp.load_latest, on local disk and S3 (moto); tests/dist_latest_worker.py runs the collective
+versions on 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import s3fs
+from botocore.exceptions import ClientError
+from conftest import Backend, _make_backend
+from fsspec.implementations.memory import MemoryFileSystem
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, checkpoints
+
+MIXED = ["step_1000", "step_999", "global_step1000", "checkpoint-1000", "iter_0001000", "latest", "step_5", "step_10"]
+NEWEST_FIRST = [
+    "checkpoint-1000",
+    "global_step1000",
+    "iter_0001000",
+    "step_1000",
+    "step_999",
+    "step_10",
+    "step_5",
+    "latest",
+]
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    yield from _make_backend(request.param, request, tmp_path)
+
+
+def _url(store: Backend, name: str) -> str:
+    return f"{store.url}/{name}"
+
+
+def _checkpoint(store: Backend, name: str, *, seal: bool = True, size: int = 3000) -> None:
+    store.write(f"{name}/model.bin", os.urandom(size))
+    store.write(f"{name}/sub/optim.bin", os.urandom(size // 3))
+    if seal:
+        ifs.seal(_url(store, name), storage_options=store.storage_options)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "integrity_fs" and r.levelno == logging.WARNING]
+
+
+# --- find_checkpoints ---------------------------------------------------------------------------
+
+
+def test_find_checkpoints_orders_mixed_names_newest_first(store: Backend) -> None:
+    for name in [*MIXED, "_tmp", ".hidden", "_tmp_step_5000", ".step_9000"]:
+        store.write(f"{name}/x.bin", b"x")
+    store.write("notes_step_99999.txt", b"a file, not a checkpoint")
+    found = ifs.find_checkpoints(store.url, storage_options=store.storage_options)
+    assert found == [_url(store, name) for name in NEWEST_FIRST]
+    if store.name == "local":
+        assert all("://" not in url for url in found)  # plain paths for local roots
+    else:
+        assert found[0].startswith("s3://")
+        # each URL reaches the same store with the same options
+        assert fsspec.core.url_to_fs(found[0], **store.storage_options)[1] == store.path(NEWEST_FIRST[0])
+
+
+def test_find_checkpoints_lists_once_and_reads_nothing() -> None:
+    class Counting(MemoryFileSystem):
+        protocol = "countingls"
+
+        def __init__(self) -> None:
+            super().__init__(skip_instance_cache=True)
+            self.calls: list[str] = []
+
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+            self.calls.append(f"ls {path}")
+            return super().ls(path, detail=detail, **kwargs)
+
+        def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+            self.calls.append(f"open {path}")
+            return super()._open(path, mode, **kwargs)
+
+        def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+            self.calls.append(f"cat {path}")
+            return super().cat_file(path, start, end, **kwargs)
+
+    fs = Counting()
+    root = f"/run-{uuid.uuid4().hex}"
+    for name in MIXED:
+        fs.pipe_file(f"{root}/{name}/{MANIFEST_FILENAME}", b"{}")
+    fs.calls.clear()
+    found = ifs.find_checkpoints(root, fs=fs)
+    assert found == [f"countingls://{root}/{name}" for name in NEWEST_FIRST]
+    assert fs.calls == [f"ls {root}"]
+    fs.rm(root, recursive=True)
+
+
+def test_find_checkpoints_on_gcs(gcs_backend: Backend) -> None:
+    for name in ["step_2", "step_10", "_staging"]:
+        gcs_backend.write(f"{name}/x.bin", b"x")
+    found = ifs.find_checkpoints(gcs_backend.url, storage_options=gcs_backend.storage_options)
+    assert found == [f"{gcs_backend.url}/step_10", f"{gcs_backend.url}/step_2"]
+
+
+def test_folder_markers_are_directories_on_s3(s3_backend: Backend) -> None:
+    s3_backend.write("step_1/x.bin", b"x")
+    s3_backend.fs.pipe_file(s3_backend.path("step_2") + "/", b"")  # what "Create folder" makes
+    s3_backend.fs.pipe_file(s3_backend.root + "/", b"")
+    s3_backend.fs.invalidate_cache()
+    found = ifs.find_checkpoints(s3_backend.url, storage_options=s3_backend.storage_options)
+    assert found == [_url(s3_backend, "step_2"), _url(s3_backend, "step_1")]
+
+
+def test_find_checkpoints_missing_root_and_file_root(store: Backend) -> None:
+    store.write("file", b"x")
+    with pytest.raises(FileNotFoundError, match="no directory at") as err:
+        ifs.find_checkpoints(_url(store, "nope"), storage_options=store.storage_options)
+    assert not isinstance(err.value, ifs.ManifestNotFoundError)
+    with pytest.raises(NotADirectoryError):
+        ifs.find_checkpoints(_url(store, "file"), storage_options=store.storage_options)
+
+
+def test_find_checkpoints_sees_a_checkpoint_added_after_an_earlier_listing(s3_backend: Backend) -> None:
+    s3_backend.write("step_1/x.bin", b"x")
+    options = s3_backend.storage_options
+    assert len(ifs.find_checkpoints(s3_backend.url, storage_options=options)) == 1
+    other = s3fs.S3FileSystem(skip_instance_cache=True, **options)  # another writer
+    other.pipe_file(s3_backend.path("step_2/x.bin"), b"x")
+    assert ifs.find_checkpoints(s3_backend.url, storage_options=options)[0] == _url(s3_backend, "step_2")
+
+
+# --- latest_verified ----------------------------------------------------------------------------
+
+
+def test_latest_verified_skips_unsealed_invalid_and_damaged(store: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    for name in ["step_500", "step_1000", "step_2000"]:
+        _checkpoint(store, name)
+    _checkpoint(store, "step_3000", seal=False)  # a save that died before sealing
+    _checkpoint(store, "step_2500")
+    store.write(f"step_2500/{MANIFEST_FILENAME}", b"{not json")
+    store.corrupt("step_2000/model.bin", 100)
+    store.write("_tmp_step_9000/x.bin", b"staging")
+    caplog.set_level(logging.INFO, logger="integrity_fs")
+
+    found = ifs.latest_verified(store.url, storage_options=store.storage_options)
+    assert found is not None
+    url, report = found
+    assert url == _url(store, "step_1000")
+    assert report.ok and report.files_checked == 2 and report.bytes_checked == 4000
+    warnings = _warnings(caplog)
+    assert len(warnings) == 3, warnings
+    assert warnings[0].startswith(f"skipping {_url(store, 'step_3000')} (unsealed): ")
+    assert warnings[1].startswith(f"skipping {_url(store, 'step_2500')} (invalid manifest): ")
+    assert warnings[2].startswith(f"skipping {_url(store, 'step_2000')} (damaged): ")
+    assert "model.bin" in warnings[2]
+
+
+def test_latest_verified_quick_and_strict(store: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    _checkpoint(store, "step_1")
+    _checkpoint(store, "step_2")
+    _checkpoint(store, "step_3")
+    store.corrupt("step_3/model.bin", 5)  # same size: only hashing sees it
+    store.write("step_2/stray.bin", b"not sealed")
+    opts = store.storage_options
+    assert ifs.latest_verified(store.url, storage_options=opts, quick=True)[0] == _url(store, "step_3")  # type: ignore[index]
+    assert ifs.latest_verified(store.url, storage_options=opts)[0] == _url(store, "step_2")  # type: ignore[index]
+    assert ifs.latest_verified(store.url, storage_options=opts, strict=True)[0] == _url(store, "step_1")  # type: ignore[index]
+    store.truncate("step_1/model.bin", 10)  # a listing shows it
+    store.truncate("step_3/model.bin", 10)
+    caplog.set_level(logging.WARNING, logger="integrity_fs")
+    assert ifs.latest_verified(store.url, storage_options=opts, quick=True, strict=True) is None
+    assert len(_warnings(caplog)) == 3
+
+
+def test_latest_verified_none_and_a_root_not_there_yet(store: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="integrity_fs")
+    missing = _url(store, "run-never-saved")
+    assert ifs.latest_verified(missing, storage_options=store.storage_options) is None
+    assert _warnings(caplog) == [f"no checkpoints under {missing}: no directory at {missing}"]
+    _checkpoint(store, "run/step_1", seal=False)
+    assert ifs.latest_verified(_url(store, "run"), storage_options=store.storage_options) is None
+    store.write("file", b"x")
+    with pytest.raises(NotADirectoryError):
+        ifs.latest_verified(_url(store, "file"), storage_options=store.storage_options)
+
+
+class FaultyFS(MemoryFileSystem):
+    """A memory filesystem where reading the manifest, or the content, of one checkpoint fails."""
+
+    protocol = "faultyckpt"
+
+    def __init__(self) -> None:
+        super().__init__(skip_instance_cache=True)
+        self.fail: tuple[str, str, OSError] | None = None  # checkpoint, "manifest" or "content", error
+
+    def _check(self, path: str, what: str) -> None:
+        if self.fail is not None and f"/{self.fail[0]}/" in path and self.fail[1] == what:
+            raise self.fail[2]
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+        self._check(path, "manifest" if path.endswith(MANIFEST_FILENAME) else "content")
+        return super().cat_file(path, start, end, **kwargs)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        self._check(path, "manifest" if path.endswith(MANIFEST_FILENAME) else "content")
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "error", [PermissionError(13, "Permission denied"), ConnectionResetError("reset")], ids=["permission", "connection"]
+)
+@pytest.mark.parametrize("what", ["manifest", "content"])
+def test_storage_error_on_the_newest_is_raised_not_skipped(error: OSError, what: str) -> None:
+    fs = FaultyFS()
+    root = f"/run-{uuid.uuid4().hex}"
+    for name in ["step_1", "step_2"]:
+        fs.pipe_file(f"{root}/{name}/w.bin", os.urandom(1000))
+        ifs.seal(f"{root}/{name}", fs=fs)
+    fs.fail = ("step_2", what, error)
+    with pytest.raises(type(error)):
+        ifs.latest_verified(root, fs=fs)
+    fs.fail = None
+    assert ifs.latest_verified(root, fs=fs)[0] == f"faultyckpt://{root}/step_2"  # type: ignore[index]
+    fs.rm(root, recursive=True)
+
+
+def test_listing_error_is_raised() -> None:
+    class Unreachable(MemoryFileSystem):
+        protocol = "unreachable"
+
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    with pytest.raises(ConnectionRefusedError):
+        ifs.latest_verified("/run", fs=Unreachable(skip_instance_cache=True))
+
+
+class DeniedS3(s3fs.S3FileSystem):
+    """Real S3 (moto) where reading any object of one checkpoint is refused, as S3 refuses it."""
+
+    denied = "step_2/"
+
+    async def _call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object" and self.denied in kwargs.get("Key", ""):
+
+            async def refuse(**_: Any) -> Any:
+                raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+
+            return await s3fs.core._error_wrapper(refuse, kwargs={}, retries=1)
+        return await super()._call_s3(method, *args, **kwargs)
+
+
+def test_s3_access_denied_on_the_newest_is_raised(s3_backend: Backend) -> None:
+    _checkpoint(s3_backend, "step_1")
+    _checkpoint(s3_backend, "step_2")
+    fs = DeniedS3(skip_instance_cache=True, **s3_backend.storage_options)
+    with pytest.raises(PermissionError):
+        ifs.latest_verified(s3_backend.url, fs=fs)
+    fs.denied = "step_3/"
+    assert ifs.latest_verified(s3_backend.url, fs=fs)[0] == _url(s3_backend, "step_2")  # type: ignore[index]
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def test_status_rows(store: Backend) -> None:
+    _checkpoint(store, "step_1")
+    _checkpoint(store, "step_2")
+    _checkpoint(store, "step_3", seal=False)
+    _checkpoint(store, "step_4")
+    store.write(f"step_4/{MANIFEST_FILENAME}", b"[]")
+    store.corrupt("step_2/model.bin", 7)
+    store.truncate("step_1/sub/optim.bin", 10)
+    opts = store.storage_options
+
+    rows = checkpoints.status(store.url, storage_options=opts)
+    assert [r.to_dict() for r in rows] == [
+        {
+            "name": "step_4",
+            "url": _url(store, "step_4"),
+            "sealed": True,
+            "files": 2,
+            "bytes": 4000,
+            "verdict": "invalid",
+            "problems": [],
+        },
+        {
+            "name": "step_3",
+            "url": _url(store, "step_3"),
+            "sealed": False,
+            "files": 2,
+            "bytes": 4000,
+            "verdict": "unsealed",
+            "problems": [],
+        },
+        {
+            "name": "step_2",
+            "url": _url(store, "step_2"),
+            "sealed": True,
+            "files": 2,
+            "bytes": 4000,
+            "verdict": "ok",  # quick: a flipped bit is not visible in a listing
+            "problems": [],
+        },
+        {
+            "name": "step_1",
+            "url": _url(store, "step_1"),
+            "sealed": True,
+            "files": 2,
+            "bytes": 4000,
+            "verdict": "damaged",
+            "problems": [
+                {
+                    "path": "sub/optim.bin",
+                    "kind": "size",
+                    "expected": 1000,
+                    "actual": 10,
+                    "byte_ranges": [],
+                }
+            ],
+        },
+    ]
+    assert "never sealed" in rows[1].detail and "sub/optim.bin" in rows[3].detail
+    json.dumps([r.to_dict() for r in rows])
+
+    full = checkpoints.status(store.url, storage_options=opts, full=True)
+    assert [r.verdict for r in full] == ["invalid", "unsealed", "damaged", "damaged"]
+    assert [(p.path, p.kind) for p in full[2].problems] == [("model.bin", "mismatch")]
+
+
+def test_status_of_a_seed_manifest_counts_the_bytes_there(tmp_path: Path) -> None:
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_1" / "a.bin").write_bytes(b"12345")
+    manifest = ifs.seal(tmp_path / "step_1")
+    seed = {"algorithm": "sha256", "files": dict(manifest.files), "granularity": "file", "version": 1}
+    (tmp_path / "step_1" / MANIFEST_FILENAME).write_text(json.dumps(seed))
+    [row] = checkpoints.status(tmp_path)
+    assert (row.files, row.bytes, row.verdict) == (1, 5, "ok")
+
+
+def test_status_raises_storage_errors() -> None:
+    fs = FaultyFS()
+    root = f"/run-{uuid.uuid4().hex}"
+    fs.pipe_file(f"{root}/step_1/w.bin", b"x")
+    ifs.seal(f"{root}/step_1", fs=fs)
+    fs.fail = ("step_1", "manifest", PermissionError(13, "Permission denied"))
+    with pytest.raises(PermissionError):
+        checkpoints.status(root, fs=fs)
+    fs.rm(root, recursive=True)
