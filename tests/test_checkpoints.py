@@ -355,3 +355,107 @@ def test_status_raises_storage_errors() -> None:
     with pytest.raises(PermissionError):
         checkpoints.status(root, fs=fs)
     fs.rm(root, recursive=True)
+
+
+# --- dcp.load_latest ----------------------------------------------------------------------------
+
+
+def _dcp_state(value: int) -> dict[str, Any]:
+    torch = pytest.importorskip("torch")
+    return {"model": {"w": torch.full((100_000,), float(value)), "b": torch.arange(10) * value}, "step": value}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    torch = pytest.importorskip("torch")
+    return all(torch.equal(a["model"][k], b["model"][k]) for k in ("w", "b")) and a["step"] == b["step"]
+
+
+def test_load_latest_loads_the_older_checkpoint_after_the_newest_is_corrupted(
+    store: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from integrity_fs import core, dcp
+
+    opts = store.storage_options
+    for value in (100, 200, 300):
+        dcp.save(_dcp_state(value), _url(store, f"step_{value}"), storage_options=opts)
+    store.corrupt("step_200/__0_0.distcp", 500)
+    store.remove(f"step_300/{MANIFEST_FILENAME}")
+    verified: list[str] = []
+    original = core.verify
+
+    def spy(url: Any, **kwargs: Any) -> Any:
+        verified.append(str(url).rsplit("/", 1)[-1])
+        return original(url, **kwargs)
+
+    monkeypatch.setattr(core, "verify", spy)
+    caplog.set_level(logging.WARNING, logger="integrity_fs")
+    target = _dcp_state(0)
+    assert dcp.load_latest(target, store.url, storage_options=opts) == _url(store, "step_100")
+    assert _same(target, _dcp_state(100))
+    assert verified == ["step_300", "step_200", "step_100"]  # each once: the load does not verify again
+    assert [m.split(" (")[1].split(")")[0] for m in _warnings(caplog)] == ["unsealed", "damaged"]
+
+    store.corrupt("step_100/.metadata", 3)
+    target = _dcp_state(0)
+    assert dcp.load_latest(target, store.url, storage_options=opts) is None
+    assert _same(target, _dcp_state(0))
+
+
+def test_load_latest_on_a_run_that_never_saved(tmp_path: Path) -> None:
+    from integrity_fs import dcp
+
+    target = _dcp_state(0)
+    assert dcp.load_latest(target, tmp_path / "run") is None
+    assert _same(target, _dcp_state(0))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict[str, list[dict[str, Any]]]:
+    pytest.importorskip("torch")
+    from dist_launch import run_ranks
+
+    work = tmp_path_factory.mktemp("latest")
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    targets = {
+        "local": {"url": str(work / "run"), "options": {}},
+        "s3": {"url": f"s3://integrity-test/latest-{uuid.uuid4().hex}", "options": options},
+    }
+    results = run_ranks("dist_latest_worker.py", 2, {"targets": targets}, work)
+    return {name: [r for r in results[name]] for name in targets}
+
+
+def _one(per_rank: list[dict[str, Any]], key: str, *, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    outcomes = [{k: v for k, v in r[key].items() if k not in ignore} for r in per_rank]
+    assert outcomes[0] == outcomes[1], outcomes
+    return outcomes[0]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_load_latest_on_two_ranks_makes_the_same_choice(two_ranks: Any, target: str) -> None:
+    per_rank = two_ranks[target]
+    loaded = _one(per_rank, "load_latest", ignore=("warnings", "hashed"))
+    assert loaded["type"] == "str" and loaded["value"].endswith("/step_200") and loaded["loaded_200"]
+    assert target == "local" or loaded["value"].startswith("s3://")
+    rank0, rank1 = per_rank[0]["load_latest"], per_rank[1]["load_latest"]
+    assert [m.split(" (")[1].split(")")[0] for m in rank0["warnings"]] == ["unsealed", "damaged"]
+    assert "__1_0.distcp" in rank0["warnings"][1]
+    assert rank1["warnings"] == []  # logged once, on rank 0
+    assert rank0["hashed"] > 0 and rank1["hashed"] > 0  # the hashing is shared
+
+    by_rank0 = _one(per_rank, "rank0_mode", ignore=("hashed",))
+    assert by_rank0["type"] == "tuple" and by_rank0["url"] == loaded["value"] and by_rank0["report"]["ok"]
+    assert per_rank[0]["rank0_mode"]["hashed"] > 0 and per_rank[1]["rank0_mode"]["hashed"] == 0
+    assert _one(per_rank, "quick")["url"].endswith("/step_300")  # a flipped bit is invisible to a listing
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> None:
+    per_rank = two_ranks[target]
+    none = _one(per_rank, "none")
+    assert none == {"type": "NoneType", "value": None, "untouched": True}
+    assert _one(per_rank, "file_root")["type"] == "NotADirectoryError"
+    assert _one(per_rank, "missing_root") == {"type": "NoneType", "value": None}
+    differ = _one(per_rank, "modes_differ")
+    assert differ["type"] == "ValueError" and "same mode" in differ["message"]
+    bad = _one(per_rank, "bad_mode")
+    assert bad["type"] == "ValueError" and "bogus" in bad["message"]

@@ -1,0 +1,160 @@
+"""One rank of a distributed resume test: ``python dist_latest_worker.py SPEC.json RANK``.
+
+For each target (a local directory and an S3 prefix): saves step_100, step_200 and step_300, rank 0
+corrupts a file of step_300 that rank 1 wrote and strips the manifest of a later step_400, then
+every rank resumes with dcp.load_latest and distributed.latest_verified. Also: no checkpoint that
+verifies, a root that is a file, and ranks passing different modes. Writes this rank's outcomes to
+``rank<RANK>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+import torch.distributed as dist
+
+from integrity_fs import MANIFEST_FILENAME, dcp, distributed, storage
+
+
+def state(rank: int, value: int) -> dict[str, Any]:
+    return {
+        "model": {"w": torch.full((50_000,), float(value))},
+        f"rank{rank}": torch.full((100,), float(value * 10 + rank)),
+        "step": value,
+    }
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (
+        torch.equal(a["model"]["w"], b["model"]["w"])
+        and all(torch.equal(a[k], b[k]) for k in a if k.startswith("rank"))
+        and a["step"] == b["step"]
+    )
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class HashedBytes:
+    """Counts the bytes this rank hashes (storage.hash_range is where every read of content goes)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._original = storage.hash_range
+        counter = self
+
+        def counting(fs: Any, path: str, algorithm: str, offset: int, length: int, *args: Any, **kw: Any) -> str:
+            counter.total += length
+            return counter._original(fs, path, algorithm, offset, length, *args, **kw)
+
+        storage.hash_range = counting  # type: ignore[assignment]
+
+    def close(self) -> int:
+        storage.hash_range = self._original  # type: ignore[assignment]
+        return self.total
+
+
+def attempt(fn: Callable[[], Any]) -> dict[str, Any]:
+    try:
+        value = fn()
+    except Exception as exc:
+        return {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(value, tuple):
+        return {"type": "tuple", "url": value[0], "report": value[1].to_dict()}
+    return {"type": type(value).__name__, "value": value}
+
+
+def on_rank0(rank: int, fn: Callable[[], None]) -> None:
+    dist.barrier()
+    if rank == 0:
+        fn()
+    dist.barrier()
+
+
+def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    for value in (100, 200, 300, 400):
+        dcp.save(state(rank, value), f"{url}/step_{value}", storage_options=options)
+
+    def damage() -> None:
+        path = f"{root}/step_300/__1_0.distcp"
+        data = bytearray(fs.cat_file(path))
+        data[len(data) // 2] ^= 1
+        fs.pipe_file(path, bytes(data))
+        fs.rm_file(f"{root}/step_400/{MANIFEST_FILENAME}")
+        fs.makedirs(f"{root}/_staging_step_900", exist_ok=True)
+        fs.pipe_file(f"{root}/_staging_step_900/x", b"x")
+        fs.pipe_file(f"{root}-file", b"not a directory")
+        fs.invalidate_cache()
+
+    on_rank0(rank, damage)
+    out: dict[str, Any] = {}
+    warnings = Warnings()
+    logging.getLogger("integrity_fs").addHandler(warnings)
+    target = state(rank, 0)
+    counter = HashedBytes()
+    out["load_latest"] = {
+        **attempt(lambda: dcp.load_latest(target, url, storage_options=options)),
+        "loaded_200": same(target, state(rank, 200)),
+        "warnings": warnings.messages,
+        "hashed": counter.close(),
+    }
+    warnings.messages = []
+    counter = HashedBytes()
+    out["rank0_mode"] = {
+        **attempt(lambda: distributed.latest_verified(url, mode="rank0", storage_options=options)),
+        "hashed": counter.close(),
+    }
+    out["quick"] = attempt(lambda: distributed.latest_verified(url, quick=True, storage_options=options))
+    logging.getLogger("integrity_fs").removeHandler(warnings)
+
+    def remove_good() -> None:
+        fs.invalidate_cache()
+        fs.rm([f"{root}/step_100", f"{root}/step_200"], recursive=True)
+
+    on_rank0(rank, remove_good)
+    target = state(rank, 0)
+    out["none"] = {
+        **attempt(lambda: dcp.load_latest(target, url, storage_options=options)),
+        "untouched": same(target, state(rank, 0)),
+    }
+    out["file_root"] = attempt(lambda: distributed.latest_verified(f"{url}-file", storage_options=options))
+    out["missing_root"] = attempt(lambda: distributed.latest_verified(f"{url}-never", storage_options=options))
+    modes = ["sharded", "rank0"]
+    out["modes_differ"] = attempt(lambda: distributed.latest_verified(url, mode=modes[rank], storage_options=options))  # type: ignore[arg-type]
+    bad = ["sharded", "bogus"]
+    out["bad_mode"] = attempt(lambda: distributed.latest_verified(url, mode=bad[rank], storage_options=options))  # type: ignore[arg-type]
+    return out
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    dist.init_process_group(
+        "gloo",
+        init_method=spec["init_method"],
+        rank=rank,
+        world_size=spec["world_size"],
+        timeout=timedelta(seconds=60),
+    )
+    results = {name: run_target(t["url"], t["options"], rank) for name, t in spec["targets"].items()}
+    dist.destroy_process_group()
+    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
