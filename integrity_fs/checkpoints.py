@@ -28,7 +28,7 @@ log = logging.getLogger("integrity_fs")
 
 Verdict = Literal["ok", "damaged", "unsealed", "invalid"]
 
-_DIGITS = re.compile(r"\d+")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def find_checkpoints(

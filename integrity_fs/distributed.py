@@ -483,14 +483,14 @@ def latest_verified(
             root, quick=quick, strict=strict, storage_options=storage_options, fs=fs, max_workers=max_workers
         )
     local = _attempt(g.rank, lambda: storage.resolve(root, storage_options, fs))
-    _agree(g, mode, local)
+    _latest_agree(g, mode, local)
     assert not isinstance(local, Failure)
     fs_, root_ = local
     interrupted: BaseException | None = None
     listed: list[tuple[str, str]] | Failure | None = None
     if g.rank == 0:
         try:
-            listed = _attempt(g.rank, lambda: _list_candidates(fs_, root_))
+            listed = _attempt(g.rank, lambda: _latest_candidates(fs_, root_))
         except BaseException as exc:  # Ctrl-C: the other ranks still get a verdict, then it is raised here
             interrupted = exc
             listed = Failure("RuntimeError", f"{type(exc).__name__}: {exc}", g.rank)
@@ -521,13 +521,13 @@ def latest_verified(
     return None
 
 
-def _list_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, str]]:
+def _latest_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, str]]:
     """Rank 0: the candidates' names and URLs, newest first."""
     names = checkpoints.names_or_none(fs, root)
     return [(name, checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]
 
 
-def _agree(g: _Group, mode: str, local: FsRoot | Failure) -> None:
+def _latest_agree(g: _Group, mode: str, local: FsRoot | Failure) -> None:
     """One collective over every rank's arguments: a bad or differing ``mode``, or a root that does
     not resolve on some rank, raises on every rank."""
     check = _attempt(g.rank, lambda: _check_mode(mode))

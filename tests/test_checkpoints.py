@@ -459,3 +459,17 @@ def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> N
     assert differ["type"] == "ValueError" and "same mode" in differ["message"]
     bad = _one(per_rank, "bad_mode")
     assert bad["type"] == "ValueError" and "bogus" in bad["message"]
+
+
+@pytest.mark.parametrize(
+    ("names", "newest_first"),
+    [
+        (["step_9", "step_10", "step_1e5"], ["step_10", "step_9", "step_1e5"]),  # 1e5: its last integer is 5
+        (["run2_step_7", "run1_step_8"], ["run1_step_8", "run2_step_7"]),
+        (["b", "a", "step_0", "x_\u0663"], ["step_0", "a", "b", "x_\u0663"]),  # ASCII digits only
+        (["step_00100", "step_100", "step_99"], ["step_00100", "step_100", "step_99"]),
+        ([f"s{10**40}", f"s{10**40 - 1}"], [f"s{10**40}", f"s{10**40 - 1}"]),
+    ],
+)
+def test_checkpoint_order(names: list[str], newest_first: list[str]) -> None:
+    assert sorted(names, key=checkpoints.checkpoint_order) == newest_first
