@@ -21,6 +21,7 @@ from fsspec.callbacks import Callback
 from . import core, storage
 from .core import URL, Problem, Report
 from .errors import IntegrityError, ManifestError, ManifestNotFoundError
+from .manifest import Manifest
 
 __all__ = ["CheckpointStatus", "Verdict", "find_checkpoints", "latest_verified", "status"]
 
@@ -168,38 +169,64 @@ def status(
     """Every checkpoint under ``root``, newest first, with its verdict.
 
     Quick by default (names and sizes against the manifest, no content read); ``full=True`` hashes
-    every file. ``callback`` gets each full verification's bytes (``set_size`` once per checkpoint).
-    Raises what :func:`find_checkpoints` raises, and ``OSError`` on a storage error.
+    every file. ``callback`` sees one total, the bytes of every valid manifest, and then the bytes
+    as they are hashed (``full=True`` only). Raises what :func:`find_checkpoints` raises, and
+    ``OSError`` on a storage error.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
+    paths = {name: storage.join(root_, name) for name in checkpoint_names(fs_, root_)}
+    manifests = {name: _manifest_or_error(fs_, path) for name, path in paths.items()}
+    share = None
+    if full and callback is not None:
+        callback.set_size(sum(m.total_bytes or 0 for m in manifests.values() if isinstance(m, Manifest)))
+        share = _Share(callback)
     return [
-        _status_of(fs_, root_, name, full=full, strict=strict, max_workers=max_workers, callback=callback)
-        for name in checkpoint_names(fs_, root_)
+        _status_of(fs_, path, name, manifests[name], full=full, strict=strict, max_workers=max_workers, callback=share)
+        for name, path in paths.items()
     ]
+
+
+class _Share(Callback):  # type: ignore[misc]  # fsspec is untyped
+    """Passes bytes on to ``parent`` and keeps its total: one bar across several verifications."""
+
+    def __init__(self, parent: Callback) -> None:
+        super().__init__()
+        self._parent = parent
+
+    def set_size(self, size: int) -> None:
+        pass
+
+    def relative_update(self, inc: int = 1) -> None:
+        self._parent.relative_update(inc)
+
+
+def _manifest_or_error(fs: fsspec.AbstractFileSystem, path: str) -> Manifest | ManifestNotFoundError | ManifestError:
+    try:
+        return core.load_manifest(fs, path)
+    except (ManifestNotFoundError, ManifestError) as exc:
+        return exc
 
 
 def _status_of(
     fs: fsspec.AbstractFileSystem,
-    root: str,
+    path: str,
     name: str,
+    manifest: Manifest | ManifestNotFoundError | ManifestError,
     *,
     full: bool,
     strict: bool,
     max_workers: int | None,
     callback: Callback | None,
 ) -> CheckpointStatus:
-    path = storage.join(root, name)
     url = checkpoint_url(fs, path)
-    try:
-        manifest = core.load_manifest(fs, path)
-    except ManifestNotFoundError as exc:
-        return _from_listing(fs, path, name, url, sealed=False, verdict="unsealed", detail=str(exc))
-    except ManifestError as exc:
-        return _from_listing(fs, path, name, url, sealed=True, verdict="invalid", detail=str(exc))
+    if isinstance(manifest, ManifestNotFoundError):
+        return _from_listing(fs, path, name, url, sealed=False, verdict="unsealed", detail=str(manifest))
+    if isinstance(manifest, ManifestError):
+        return _from_listing(fs, path, name, url, sealed=True, verdict="invalid", detail=str(manifest))
     files, nbytes = len(manifest.files), manifest.total_bytes
     if nbytes is None:  # a seed manifest has no sizes: count what is there of its files
         listing = storage.list_files(fs, path)
-        nbytes = sum(size for name, size in listing.items() if name in manifest.files)
+        nbytes = sum(size for file, size in listing.items() if file in manifest.files)
     try:
         core.verify(path, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
     except IntegrityError as exc:

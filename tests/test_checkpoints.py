@@ -473,3 +473,31 @@ def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> N
 )
 def test_checkpoint_order(names: list[str], newest_first: list[str]) -> None:
     assert sorted(names, key=checkpoints.checkpoint_order) == newest_first
+
+
+def test_status_full_reports_progress_as_one_total(tmp_path: Path) -> None:
+    from fsspec.callbacks import Callback
+
+    class Recorder(Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+            self.done = 0
+
+        def set_size(self, size: int) -> None:
+            self.sizes.append(size)
+
+        def relative_update(self, inc: int = 1) -> None:
+            self.done += inc
+
+    store = Backend("local", fsspec.filesystem("file"), tmp_path.as_posix(), tmp_path.as_posix(), {})
+    for name in ("step_1", "step_2"):
+        _checkpoint(store, name)
+    _checkpoint(store, "step_3", seal=False)
+    recorder = Recorder()
+    rows = checkpoints.status(tmp_path, full=True, callback=recorder)
+    assert [r.verdict for r in rows] == ["unsealed", "ok", "ok"]
+    assert recorder.sizes == [8000] and recorder.done == 8000
+    quiet = Recorder()
+    checkpoints.status(tmp_path, callback=quiet)  # quick: nothing is hashed
+    assert quiet.sizes == [] and quiet.done == 0
