@@ -71,11 +71,28 @@ class HashedBytes:
 def attempt(fn: Callable[[], Any]) -> dict[str, Any]:
     try:
         value = fn()
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         return {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(value, tuple):
         return {"type": "tuple", "url": value[0], "report": value[1].to_dict()}
     return {"type": type(value).__name__, "value": value}
+
+
+def on_one_rank(
+    rank: int, faulty: int, function: str, error: BaseException, url: str, options: dict[str, Any]
+) -> dict[str, Any]:
+    """distributed.latest_verified while ``storage.<function>`` raises ``error`` on rank ``faulty`` only."""
+    original = getattr(storage, function)
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    if rank == faulty:
+        setattr(storage, function, fail)
+    try:
+        return attempt(lambda: distributed.latest_verified(url, storage_options=options))
+    finally:
+        setattr(storage, function, original)
 
 
 def on_rank0(rank: int, fn: Callable[[], None]) -> None:
@@ -120,6 +137,13 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
         "hashed": counter.close(),
     }
     out["quick"] = attempt(lambda: distributed.latest_verified(url, quick=True, storage_options=options))
+    out["listing_denied"] = on_one_rank(
+        rank, 0, "list_dirs", PermissionError(13, "Permission denied (injected)"), url, options
+    )
+    out["interrupted"] = on_one_rank(rank, 0, "list_dirs", KeyboardInterrupt("injected"), url, options)
+    out["read_denied"] = on_one_rank(
+        rank, 1, "hash_range", PermissionError(13, "Permission denied (injected)"), url, options
+    )
     logging.getLogger("integrity_fs").removeHandler(warnings)
 
     def remove_good() -> None:

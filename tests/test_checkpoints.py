@@ -461,6 +461,17 @@ def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> N
     assert bad["type"] == "ValueError" and "bogus" in bad["message"]
 
 
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_two_ranks_raise_a_storage_error_of_either_rank(two_ranks: Any, target: str) -> None:
+    per_rank = two_ranks[target]
+    for key in ("listing_denied", "read_denied"):  # rank 0 lists; rank 1 hashes a share
+        denied = _one(per_rank, key)
+        assert denied["type"] == "PermissionError" and "injected" in denied["message"], key
+    interrupted = [r["interrupted"] for r in per_rank]
+    assert interrupted[0]["type"] == "KeyboardInterrupt"  # the interrupted rank raises its own
+    assert interrupted[1]["type"] == "RuntimeError" and "KeyboardInterrupt" in interrupted[1]["message"]
+
+
 @pytest.mark.parametrize(
     ("names", "newest_first"),
     [
