@@ -421,7 +421,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dic
         "s3": {"url": f"s3://integrity-test/latest-{uuid.uuid4().hex}", "options": options},
     }
     results = run_ranks("dist_latest_worker.py", 2, {"targets": targets}, work)
-    return {name: [r for r in results[name]] for name in targets}
+    return {name: results[name] for name in targets}
 
 
 def _one(per_rank: list[dict[str, Any]], key: str, *, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
