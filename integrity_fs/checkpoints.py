@@ -18,9 +18,9 @@ from typing import Any, Literal
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import core, storage
+from . import core, signing, storage
 from .core import URL, Problem, Report
-from .errors import IntegrityError, ManifestError, ManifestNotFoundError
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import Manifest
 
 __all__ = ["CheckpointStatus", "Verdict", "find_checkpoints", "latest_verified", "status"]
@@ -88,6 +88,8 @@ def skip_reason(exc: Exception) -> str | None:
         return "unsealed"
     if isinstance(exc, ManifestError):
         return "invalid manifest"
+    if isinstance(exc, SignatureError):
+        return "bad signature"
     if isinstance(exc, IntegrityError):
         return "damaged"
     return None
@@ -101,20 +103,24 @@ def latest_verified(
     storage_options: dict[str, Any] | None = None,
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> tuple[str, Report] | None:
     """The newest checkpoint under ``root`` that verifies, with its report; ``None`` when none does.
 
     Candidates come from :func:`find_checkpoints` and are verified newest first (``quick`` and
     ``strict`` as for :func:`integrity_fs.verify`). Unsealed (no manifest: a save that died before
     sealing), invalid and damaged ones are skipped, each with a WARNING on the ``integrity_fs``
-    logger naming the reason. A storage error (``OSError``) is raised, never skipped. A root that
-    does not exist yet (a run that never saved) is logged and gives ``None``.
+    logger naming the reason; with ``public_key``, so are checkpoints whose signature is missing or
+    does not match (``SignatureError``). A storage error (``OSError``) is raised, never skipped. A
+    root that does not exist yet (a run that never saved) is logged and gives ``None``.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
     for name in names_or_none(fs_, root_):
         path = storage.join(root_, name)
         try:
-            report = core.verify(path, fs=fs_, max_workers=max_workers, strict=strict, quick=quick)
+            report = core.verify(
+                path, fs=fs_, max_workers=max_workers, strict=strict, quick=quick, public_key=public_key
+            )
         except Exception as exc:
             reason = skip_reason(exc)
             if reason is None:

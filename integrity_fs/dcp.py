@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import core, distributed, storage
+from . import core, distributed, signing, storage
 from .core import URL, Report
 from .errors import ManifestNotFoundError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, StreamDigest, Unit, chunk_range
@@ -520,6 +520,7 @@ def load_latest(
     strict: bool = False,
     quick: bool = False,
     planner: LoadPlanner | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> str | None:
     """Load the newest checkpoint under ``root`` that verifies into ``state_dict``; its URL, or ``None``.
 
@@ -527,6 +528,7 @@ def load_latest(
     (:func:`integrity_fs.distributed.latest_verified`, which skips unsealed, invalid and damaged
     checkpoints with a WARNING each and raises storage errors), then loads it without verifying a
     second time. With no checkpoint that verifies (or no ``root`` yet), ``state_dict`` is untouched.
+    With ``public_key``, only a checkpoint whose signature verifies is loaded.
     """
     found = distributed.latest_verified(
         root,
@@ -536,6 +538,7 @@ def load_latest(
         strict=strict,
         storage_options=storage_options,
         max_workers=max_workers,
+        public_key=public_key,
     )
     if found is None:
         return None

@@ -468,6 +468,7 @@ def latest_verified(
     storage_options: dict[str, Any] | None = None,
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> tuple[str, Report] | None:
     """:func:`integrity_fs.latest_verified` as a collective: the same answer on every rank of ``group``.
 
@@ -480,7 +481,13 @@ def latest_verified(
     if g is None:
         _check_mode(mode)
         return checkpoints.latest_verified(
-            root, quick=quick, strict=strict, storage_options=storage_options, fs=fs, max_workers=max_workers
+            root,
+            quick=quick,
+            strict=strict,
+            storage_options=storage_options,
+            fs=fs,
+            max_workers=max_workers,
+            public_key=public_key,
         )
     local = _attempt(g.rank, lambda: storage.resolve(root, storage_options, fs))
     _latest_agree(g, mode, local)
@@ -509,6 +516,7 @@ def latest_verified(
                 max_workers=max_workers,
                 strict=strict,
                 quick=quick,
+                public_key=public_key,
             )
         except Exception as exc:  # the same exception on every rank: every rank goes on alike
             reason = checkpoints.skip_reason(exc)

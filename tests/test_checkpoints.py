@@ -548,3 +548,23 @@ def test_readme_resume_example_runs(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert ns["resume"](model, optimizer) == 1000
     assert torch.equal(model.weight, weights) and optimizer.state_dict()["state"][0]["step"] == 1
     assert any("step_2000 (damaged)" in m for m in _warnings(caplog))
+
+
+def test_latest_verified_with_a_public_key_skips_a_resealed_tampering(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ec = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ec")
+    private = ec.generate_private_key(ec.SECP256R1())
+    store = Backend("local", fsspec.filesystem("file"), tmp_path.as_posix(), tmp_path.as_posix(), {})
+    for name in ("step_1", "step_2"):
+        _checkpoint(store, name, seal=False)
+        ifs.seal(tmp_path / name, private_key=private)
+    store.corrupt("step_2/model.bin", 9)
+    (tmp_path / "step_2" / MANIFEST_FILENAME).unlink()
+    ifs.seal(tmp_path / "step_2")  # what someone with write access and no key can do
+    assert ifs.latest_verified(tmp_path)[0] == str(tmp_path / "step_2")  # type: ignore[index]
+    caplog.clear()
+    found = ifs.latest_verified(tmp_path, public_key=private.public_key())
+    assert found is not None and found[0] == str(tmp_path / "step_1")
+    [warning] = _warnings(caplog)
+    assert "step_2 (bad signature)" in warning and "model.bin" in warning
