@@ -68,7 +68,11 @@ ProgressFn = Callable[[int], None]
 
 
 class UsageError(Exception):
-    """The command line asks for something impossible; exit code 2."""
+    """The command line asks for something impossible; exit code 2. ``hint`` is the second stderr line."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 # --------------------------------------------------------------------------- storage options
@@ -433,15 +437,19 @@ def storage_options_of(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_seal(args: argparse.Namespace) -> int:
     granularity = args.granularity or ("chunk" if args.chunk_size else "file")
     started = time.perf_counter()
-    with progress_bar(wants_progress(args), "seal") as callback:
-        manifest = seal(
-            args.url,
-            granularity=granularity,
-            chunk_size=args.chunk_size,
-            storage_options=storage_options_of(args),
-            max_workers=args.workers,
-            callback=callback,
-        )
+    try:
+        with progress_bar(wants_progress(args), "seal") as callback:
+            manifest = seal(
+                args.url,
+                granularity=granularity,
+                chunk_size=args.chunk_size,
+                storage_options=storage_options_of(args),
+                max_workers=args.workers,
+                callback=callback,
+                overwrite=args.force,
+            )
+    except FileExistsError as exc:  # already sealed: a refusal, not a storage failure
+        raise UsageError(str(exc), "pass --force to replace the manifest (only for content you trust)") from exc
     elapsed = time.perf_counter() - started
     total = manifest.total_bytes or 0
     print(f"sealed {args.url}: {format_work(len(manifest.files), total, elapsed)}")
@@ -747,7 +755,7 @@ def describe_error(error: BaseException) -> tuple[str, str]:
     if isinstance(error, NotImplementedError):
         return str(error), "this manifest needs a newer integrity-fs: pip install -U integrity-fs"
     if isinstance(error, UsageError):
-        return str(error), ""
+        return str(error), error.hint
     if isinstance(error, (ValueError, TypeError, ImportError)):
         return str(error), f"check the arguments and -o storage options; see `{PROG} COMMAND --help`"
     if isinstance(error, OSError):
@@ -792,6 +800,8 @@ exit codes:
 EPILOGS = {
     "seal": f"""\
 Hashes every file under URL and writes {MANIFEST_FILENAME} beside them, last.
+A checkpoint that is already sealed is refused (exit 2) unless --force: sealing
+again would accept whatever the files hold now, damage included.
 
 examples:
   {PROG} seal ./checkpoints/step_1000
@@ -916,6 +926,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("seal", cmd_seal, "hash a checkpoint directory and write its manifest")
     sub.add_argument("url", metavar="URL", help="checkpoint directory: local path or fsspec URL")
+    sub.add_argument("--force", action="store_true", help="replace an existing manifest (only for content you trust)")
     add_granularity_options(sub)
 
     sub = command("verify", cmd_verify, "check a checkpoint against its manifest")

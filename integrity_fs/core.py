@@ -138,10 +138,13 @@ def seal(
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
+    overwrite: bool = False,
     private_key: signing.PrivateKey | None = None,
 ) -> Manifest:
     """Hash every file under ``url`` and write the manifest beside them, last and atomically.
 
+    A root that already holds a manifest raises ``FileExistsError`` before any content is read,
+    unless ``overwrite=True``: sealing again accepts whatever the files hold now, damage included.
     A seal that fails part-way writes nothing: an earlier manifest stays as it was. With
     ``private_key`` (a PEM path or a ``cryptography`` EC key), ``model.sig`` is written right
     after the manifest, from the same digests.
@@ -149,6 +152,8 @@ def seal(
     chunk_size = check_seal_options(algorithm, granularity, chunk_size)
     key = None if private_key is None else load_signing_key(private_key, algorithm, granularity)
     fs_, root = storage.resolve(url, storage_options, fs)
+    if not overwrite:
+        refuse_if_sealed(fs_, root)
     started = time.perf_counter()
     sizes = list_for_seal(fs_, root)
     units = plan_units(granularity, sizes, chunk_size)
@@ -200,6 +205,15 @@ def _shown(name: str) -> str:
     except UnicodeEncodeError:
         return repr(os.fsencode(name))
     return repr(name)
+
+
+def refuse_if_sealed(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """``FileExistsError`` when ``root`` already holds a manifest."""
+    if storage.exists(fs, storage.join(root, MANIFEST_FILENAME)):
+        raise FileExistsError(
+            f"{storage.describe(fs, root)} is already sealed (it holds {MANIFEST_FILENAME}); sealing again would "
+            "accept whatever the files hold now: pass overwrite=True / --force to replace the manifest"
+        )
 
 
 def check_seal_options(algorithm: str, granularity: str, chunk_size: int | None) -> int | None:

@@ -130,15 +130,25 @@ def describe(fs: fsspec.AbstractFileSystem, root: str) -> str:
     return f"{protocol}://{root.lstrip('/') if protocol != 'memory' else root}"
 
 
-def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
+#: Keys of an fsspec info dict that change when a file is rewritten, in order of preference.
+_STAMP_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "updated", "last_modified", "created")
+
+
+def _stamp(info: dict[str, Any]) -> str:
+    return next((str(info[key]) for key in _STAMP_KEYS if info.get(key) is not None), "")
+
+
+def list_files(fs: fsspec.AbstractFileSystem, root: str, *, stamps: dict[str, str] | None = None) -> dict[str, int]:
     """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
 
     The root's manifest and signature are left out. On local disks, symlinks are never followed out of the
     root: a link whose target lies outside is skipped (and logged), and linked directories
-    are not descended.
+    are not descended. ``stamps``, when given, receives each file's version stamp from the same
+    listing: its modification time, ETag or generation (whichever the backend lists; ``""``
+    when none), which changes when the file is rewritten.
     """
     if is_local(fs):
-        return _list_local(root)
+        return _list_local(root, stamps)
     with storage_errors(f"listing {describe(fs, root)}"):
         fs.invalidate_cache(root)
         found = fs.find(root, detail=True, withdirs=False)
@@ -154,10 +164,12 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
         name = path[len(prefix) :]
         if name and name not in NOT_CONTENT:
             out[name] = int(info["size"])
+            if stamps is not None:
+                stamps[name] = _stamp(info)
     return dict(sorted(out.items()))
 
 
-def _list_local(root: str) -> dict[str, int]:
+def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, int]:
     if not os.path.isdir(root):
         if os.path.exists(root):
             raise NotADirectoryError(f"{root} is a file, not a checkpoint directory")
@@ -182,7 +194,10 @@ def _list_local(root: str) -> dict[str, int]:
                     continue
                 if not os.path.isfile(target):
                     continue
-            out[name] = os.stat(path).st_size
+            st = os.stat(path)
+            out[name] = st.st_size
+            if stamps is not None:
+                stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
     return dict(sorted(out.items()))
 
 
@@ -190,6 +205,15 @@ def read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
     """Whole small file (the manifest). ``FileNotFoundError`` passes through as is."""
     with storage_errors(f"reading {path}"):
         return bytes(fs.cat_file(path))
+
+
+def exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether anything is at ``path`` (a dangling link too), asked of the store, not of a cache."""
+    if is_local(fs):
+        return os.path.lexists(path)
+    with storage_errors(f"checking {path}"):
+        fs.invalidate_cache(path)
+        return bool(fs.exists(path))
 
 
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:

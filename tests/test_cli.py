@@ -183,6 +183,20 @@ def test_seal_then_verify_passes(ckpt: Path) -> None:
     assert proc.stderr == ""
 
 
+def test_seal_refuses_a_sealed_checkpoint_unless_forced(sealed: Path) -> None:
+    before = (sealed / MANIFEST_FILENAME).read_bytes()
+    flip(sealed / "model.bin", 10)
+    proc = cli("seal", str(sealed))
+    assert proc.returncode == 2, proc.stderr
+    assert "already sealed" in error_lines(proc)[0] and str(sealed) in error_lines(proc)[0]
+    assert "integrity-fs: hint: pass --force to replace the manifest (only for content you trust)" in proc.stderr
+    assert (sealed / MANIFEST_FILENAME).read_bytes() == before
+    assert cli("verify", str(sealed)).returncode == 1  # the damage was not laundered
+    forced = cli("seal", str(sealed), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert cli("verify", str(sealed)).returncode == 0
+
+
 def test_corrupted_file_fails_and_is_named(sealed: Path) -> None:
     expected = manifest_of(sealed)["files"]["model.bin"]
     flip(sealed / "model.bin", 1234)

@@ -42,8 +42,29 @@ def test_seal_writes_canonical_manifest_of_every_file(ckpt):
     assert manifest == ifs.Manifest.from_json(raw)
     assert list(manifest.files) == sorted(FILES)
     # Sealing again (the manifest now present) gives the same bytes: it never lists itself.
-    ifs.seal(ckpt.url, storage_options=ckpt.storage_options)
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options, overwrite=True)
     assert ckpt.read(MANIFEST_FILENAME) == raw
+
+
+def test_seal_refuses_a_sealed_root_unless_overwrite(ckpt):
+    """seal -> damage -> seal must not launder the damage into a "good" manifest."""
+
+    class Recorder(Callback):
+        pass
+
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options)
+    sealed = ckpt.read(MANIFEST_FILENAME)
+    ckpt.corrupt("__0_0.distcp", 7)
+    recorder = Recorder()
+    with pytest.raises(FileExistsError, match=r"already sealed.*pass overwrite=True / --force") as err:
+        ifs.seal(ckpt.url, storage_options=ckpt.storage_options, callback=recorder)
+    assert not isinstance(err.value, ManifestNotFoundError)
+    assert (recorder.size, recorder.value) == (None, 0)  # refused before any content was read
+    assert ckpt.read(MANIFEST_FILENAME) == sealed
+    with pytest.raises(IntegrityError, match="__0_0.distcp: mismatch"):
+        ifs.verify(ckpt.url, storage_options=ckpt.storage_options)
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options, overwrite=True)
+    assert ifs.verify(ckpt.url, storage_options=ckpt.storage_options).ok
 
 
 def test_verify_passes_on_intact_checkpoint(ckpt):
@@ -164,7 +185,8 @@ def test_callback_sees_every_byte(ckpt):
 @pytest.mark.parametrize("workers", [1, 2, 8])
 def test_worker_count_does_not_change_the_manifest(ckpt, workers):
     reference = ifs.seal(ckpt.url, storage_options=ckpt.storage_options, max_workers=1).to_json()
-    assert ifs.seal(ckpt.url, storage_options=ckpt.storage_options, max_workers=workers).to_json() == reference
+    again = ifs.seal(ckpt.url, storage_options=ckpt.storage_options, max_workers=workers, overwrite=True)
+    assert again.to_json() == reference
 
 
 def test_manifest_bytes_are_identical_across_backends(ckpt, tmp_path):

@@ -95,7 +95,20 @@ def test_manifest_equals_a_seal_after_saving(tmp_path: Path, options: dict[str, 
     """Hashing while writing gives the bytes a seal that reads everything back gives."""
     manifest = dcp.save(_state(), tmp_path / "ckpt", **options)
     seal_options = {k: v for k, v in options.items() if k in ("granularity", "chunk_size")}
-    assert ifs.seal(tmp_path / "ckpt", **seal_options).to_json() == manifest.to_json()
+    assert ifs.seal(tmp_path / "ckpt", overwrite=True, **seal_options).to_json() == manifest.to_json()
+
+
+@pytest.mark.filterwarnings("ignore:Detected an existing checkpoint:UserWarning")  # DCP's note that it overwrites
+def test_save_over_a_saved_checkpoint_replaces_its_manifest(tmp_path: Path) -> None:
+    """seal refuses a sealed root; dcp.save seals the files it has just written, so it replaces the manifest."""
+    dcp.save(_state(), tmp_path / "ckpt")
+    newer = _state()
+    newer["step"] = 43
+    manifest = dcp.save(newer, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / MANIFEST_FILENAME).read_bytes() == manifest.to_json()
+    target = _empty()
+    dcp.load(target, tmp_path / "ckpt")
+    assert target["step"] == 43
 
 
 @pytest.mark.parametrize("chunk_size", [None, 777, 4096])

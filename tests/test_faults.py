@@ -98,7 +98,7 @@ def test_failed_seal_leaves_the_previous_manifest_untouched(faulty):
     fs.pipe_file(f"{root}/a.bin", b"changed")
     fs.faults["b.bin"] = [PermissionError("denied")]
     with pytest.raises(PermissionError):
-        ifs.seal(root, fs=fs)
+        ifs.seal(root, fs=fs, overwrite=True)
     assert fs.cat_file(f"{root}/{MANIFEST_FILENAME}") == before
 
 
@@ -113,7 +113,7 @@ def test_local_seal_interrupted_at_the_rename_leaves_no_trace(tmp_path, monkeypa
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
-        ifs.seal(tmp_path)
+        ifs.seal(tmp_path, overwrite=True)
     assert (tmp_path / MANIFEST_FILENAME).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_integrity_manifest.json", "a.bin"]
 
