@@ -7,6 +7,7 @@ type, message, report or manifest, bytes this rank hashed) to ``rank<RANK>.json`
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -55,12 +56,23 @@ class FaultyLocalFS(AbstractFileSystem):
         return self.local._open(path, mode, **kwargs)
 
 
+INTERRUPTS: dict[str, BaseException] = {
+    "KeyboardInterrupt": KeyboardInterrupt(),
+    "UnicodeEncodeError": UnicodeEncodeError("utf-8", "a\udcff", 1, 2, "surrogates not allowed"),
+}
+
+
 class ByteCounter(Callback):  # type: ignore[misc]
-    def __init__(self) -> None:
+    """Counts the bytes this rank hashes; raises ``interrupt`` at the first one (a Ctrl-C in a callback)."""
+
+    def __init__(self, interrupt: BaseException | None = None) -> None:
         super().__init__()
         self.hashed = 0
+        self.interrupt = interrupt
 
     def relative_update(self, inc: int = 1) -> None:
+        if self.interrupt is not None:
+            raise self.interrupt
         self.hashed += inc
 
 
@@ -72,7 +84,7 @@ def outcome(value: object) -> dict[str, Any]:
     raise TypeError(f"unexpected result {value!r}")
 
 
-def failure(exc: Exception) -> dict[str, Any]:
+def failure(exc: BaseException) -> dict[str, Any]:
     report = exc.report.to_dict() if isinstance(exc, IntegrityError) else None
     return {"type": type(exc).__name__, "message": str(exc), "report": report, "notes": getattr(exc, "__notes__", [])}
 
@@ -80,15 +92,22 @@ def failure(exc: Exception) -> dict[str, Any]:
 def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
     kwargs = dict(scenario.get("kwargs", {}))
     kwargs.update(scenario.get("rank_kwargs", {}).get(str(rank), {}))
+    mode = kwargs.pop("mode", scenario["mode"])  # a rank may pass its own (a bad or different) mode
     if scenario.get("faulty_rank") == rank:
         kwargs["fs"] = FaultyLocalFS(scenario["fault"])
-    counter = ByteCounter()
+    interrupt = INTERRUPTS[scenario.get("interrupt", "KeyboardInterrupt")]
+    counter = ByteCounter(interrupt if scenario.get("interrupt_rank") == rank else None)
     kwargs["callback"] = counter
     function = distributed.verify if scenario["op"] == "verify" else distributed.seal
+    cwd = os.getcwd()
+    if "rank_cwd" in scenario:  # the same relative URL names a different directory on each rank
+        os.chdir(scenario["rank_cwd"][rank])
     try:
-        result = outcome(function(scenario["url"], group=group, mode=scenario["mode"], **kwargs))
-    except Exception as exc:
+        result = outcome(function(scenario["url"], group=group, mode=mode, **kwargs))
+    except BaseException as exc:  # KeyboardInterrupt included: the outcome of this rank
         result = failure(exc)
+    finally:
+        os.chdir(cwd)
     return {**result, "hashed": counter.hashed}
 
 
@@ -96,7 +115,11 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
     dist.init_process_group(
-        "gloo", init_method=spec["init_method"], rank=rank, world_size=spec["world_size"], timeout=timedelta(seconds=60)
+        "gloo",
+        init_method=spec["init_method"],
+        rank=rank,
+        world_size=spec["world_size"],
+        timeout=timedelta(seconds=spec.get("pg_timeout_s", 60)),
     )
     results: dict[str, Any] = {}
     for scenario in spec["scenarios"]:

@@ -22,7 +22,15 @@ pytest.importorskip("torch.distributed")
 from dist_launch import run_ranks
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestError, ManifestNotFoundError, distributed
+from integrity_fs import (
+    MANIFEST_FILENAME,
+    IntegrityError,
+    ManifestError,
+    ManifestNotFoundError,
+    core,
+    distributed,
+    storage,
+)
 from integrity_fs.distributed import Failure, shard_units
 from integrity_fs.hashing import Unit
 
@@ -255,6 +263,7 @@ def test_shard_units_balances_bytes_deterministically() -> None:
         NotImplementedError("blake9"),
         PermissionError(13, "Permission denied", "/ckpt/a"),
         FileNotFoundError("gone"),
+        FileExistsError("/ckpt is already sealed"),
         TimeoutError("slow"),
         ValueError("bad value"),
         KeyError("k"),
@@ -287,3 +296,145 @@ def test_missing_torch_gives_an_install_hint(use: str) -> None:
     code = f"import sys; sys.modules['torch'] = None\ntry:\n    {use}\nexcept ImportError as e:\n    print(e)\n"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "pip install 'integrity-fs[torch]'" in out
+
+
+# --- no hang, no false OK, whatever one rank does -------------------------------------------------
+
+HOSTILE_WORLD = 3
+
+
+def _launch(workdir: Path, scenarios: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Run ``scenarios`` on 3 gloo ranks; a hang fails the test (a 20 s collective timeout, 90 s in all)."""
+    spec = {"scenarios": scenarios, "pg_timeout_s": 20}
+    return run_ranks("dist_worker.py", HOSTILE_WORLD, spec, workdir, timeout=90)
+
+
+def test_a_bad_or_different_mode_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
+    _files(tmp_path / "good")
+    ifs.seal(tmp_path / "good")
+    _files(tmp_path / "unsealed")
+    good, unsealed = str(tmp_path / "good"), str(tmp_path / "unsealed")
+    scenarios = [
+        {"id": "bogus", "op": "verify", "mode": "sharded", "url": good, "rank_kwargs": {"1": {"mode": "bogus"}}},
+        {"id": "bogus-rank0", "op": "seal", "mode": "rank0", "url": unsealed, "rank_kwargs": {"0": {"mode": 7}}},
+        {"id": "mixed", "op": "verify", "mode": "sharded", "url": good, "rank_kwargs": {"2": {"mode": "rank0"}}},
+        {"id": "mixed-seal", "op": "seal", "mode": "rank0", "url": unsealed, "rank_kwargs": {"1": {"mode": "sharded"}}},
+        {"id": "after", "op": "verify", "mode": "sharded", "url": good},  # the group is still in step
+    ]
+    results = _launch(tmp_path, scenarios)
+    for name, says in [
+        ("bogus", "mode must be one of 'sharded', 'rank0', not 'bogus' (rank 1)"),
+        ("bogus-rank0", "not 7 (rank 0)"),
+        ("mixed", "ranks passed different modes: 'sharded' on ranks 0, 1; 'rank0' on rank 2"),
+        ("mixed-seal", "ranks passed different modes: 'rank0' on ranks 0, 2; 'sharded' on rank 1"),
+    ]:
+        shared = _same_on_every_rank(results[name])
+        assert shared["type"] == "ValueError" and says in shared["message"], (name, shared)
+    assert not (tmp_path / "unsealed" / MANIFEST_FILENAME).exists()
+    assert _same_on_every_rank(results["after"])["type"] == "Report"
+
+
+def test_an_interrupt_on_one_rank_is_reraised_there_and_every_rank_raises(tmp_path: Path) -> None:
+    _files(tmp_path / "good")
+    ifs.seal(tmp_path / "good")
+    _files(tmp_path / "unsealed")
+    good, unsealed = str(tmp_path / "good"), str(tmp_path / "unsealed")
+    scenarios = [
+        {"id": "verify-sharded", "op": "verify", "mode": "sharded", "url": good, "interrupt_rank": 1},
+        {"id": "verify-rank0", "op": "verify", "mode": "rank0", "url": good, "interrupt_rank": 0},
+        {"id": "seal-sharded", "op": "seal", "mode": "sharded", "url": unsealed, "interrupt_rank": 2},
+        {"id": "seal-rank0", "op": "seal", "mode": "rank0", "url": unsealed, "interrupt_rank": 0},
+        {
+            "id": "unbuildable",  # an exception Failure cannot construct from its message alone
+            "op": "verify",
+            "mode": "sharded",
+            "url": good,
+            "interrupt_rank": 1,
+            "interrupt": "UnicodeEncodeError",
+        },
+        {"id": "after", "op": "verify", "mode": "sharded", "url": good},
+    ]
+    results = _launch(tmp_path, scenarios)
+    for name, interrupted in [("verify-sharded", 1), ("verify-rank0", 0), ("seal-sharded", 2), ("seal-rank0", 0)]:
+        outcomes = results[name]
+        assert outcomes[interrupted]["type"] == "KeyboardInterrupt", (name, outcomes)
+        others = [o for rank, o in enumerate(outcomes) if rank != interrupted]
+        shared = _same_on_every_rank(others)
+        assert shared == {"type": "RuntimeError", "message": "KeyboardInterrupt", "report": None}, name
+        assert all(o["notes"] == [f"(raised on rank {interrupted})"] for o in others), name
+    assert not (tmp_path / "unsealed" / MANIFEST_FILENAME).exists()
+    unbuildable = _same_on_every_rank(results["unbuildable"])
+    assert unbuildable["type"] == "RuntimeError"
+    assert unbuildable["message"].startswith("UnicodeEncodeError: 'utf-8' codec can't encode")
+    assert _same_on_every_rank(results["after"])["type"] == "Report"
+
+
+def test_sharded_mode_refuses_ranks_that_see_different_storage(tmp_path: Path) -> None:
+    """Node-local paths: the same URL is a different directory on each rank. Rank 0's copy is damaged
+    in a file that rank 1 hashes from its own intact copy: that must never add up to OK."""
+    nodes = [tmp_path / f"node{rank}" for rank in range(HOSTILE_WORLD)]
+    for node in nodes:
+        _files(node / "ckpt")
+        ifs.seal(node / "ckpt")
+        _files(node / "raw")
+    assert shard_units(plan_of(nodes[0] / "ckpt"), HOSTILE_WORLD)[1][0].name == "b.bin"
+    for name in ("ckpt/b.bin", "raw/b.bin"):
+        _flip(nodes[0] / name, 100)
+        os.utime(nodes[0] / name, (1e9, 1e9))
+    cwd = [str(node) for node in nodes]
+    scenarios = [
+        {"id": "verify", "op": "verify", "mode": "sharded", "url": "ckpt", "rank_cwd": cwd},
+        {
+            "id": "verify-quick",
+            "op": "verify",
+            "mode": "sharded",
+            "url": "ckpt",
+            "rank_cwd": cwd,
+            "kwargs": {"quick": True},
+        },
+        {"id": "seal", "op": "seal", "mode": "sharded", "url": "raw", "rank_cwd": cwd},
+        {"id": "rank0", "op": "verify", "mode": "rank0", "url": "ckpt", "rank_cwd": cwd},  # rank 0's copy only
+        {
+            "id": "missing-on-1",
+            "op": "verify",
+            "mode": "sharded",
+            "url": "ckpt",
+            "rank_cwd": [cwd[0], str(tmp_path), cwd[2]],
+        },
+    ]
+    results = _launch(tmp_path, scenarios)
+    for name in ("verify", "verify-quick", "seal"):
+        shared = _same_on_every_rank(results[name])
+        assert shared["type"] == "OSError", (name, shared)
+        assert "ranks see different files" in shared["message"] and "shared storage" in shared["message"]
+        assert "rank 0 | ranks 1, 2" in shared["message"], shared["message"]
+    assert not (nodes[0] / "raw" / MANIFEST_FILENAME).exists()
+    rank0 = _same_on_every_rank(results["rank0"])
+    assert rank0["type"] == "IntegrityError" and [p["path"] for p in rank0["report"]["problems"]] == ["b.bin"]
+    missing = _same_on_every_rank(results["missing-on-1"])
+    assert missing["type"] == "FileNotFoundError" and "no checkpoint directory" in missing["message"]
+    assert results["missing-on-1"][0]["notes"] == ["(raised on rank 1)"]
+
+
+def plan_of(root: Path) -> list[Unit]:
+    """The units a sharded verify of ``root`` splits over the ranks."""
+    manifest = ifs.read_manifest(root)
+    return list(core.plan_verification(manifest, storage.list_files(*storage.resolve(root))).units)
+
+
+@pytest.mark.parametrize("name", ["NoSuchError", "UnicodeEncodeError", "UnicodeDecodeError", "print"])
+def test_a_failure_that_cannot_be_rebuilt_arrives_as_runtime_error(name: str) -> None:
+    rebuilt = Failure(name, "what it said", rank=1).to_exception()
+    assert type(rebuilt) is RuntimeError and str(rebuilt) == f"{name}: what it said"
+
+
+def test_base_exceptions_and_unconstructible_ones_travel_as_runtime_errors() -> None:
+    unicode_error = UnicodeEncodeError("utf-8", "a\udcff", 1, 2, "surrogates not allowed")
+    for exc, message in [
+        (unicode_error, f"UnicodeEncodeError: {unicode_error}"),
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (SystemExit(3), "SystemExit: 3"),
+    ]:
+        failure = pickle.loads(pickle.dumps(Failure.from_exception(exc, rank=1)))
+        rebuilt = failure.to_exception()
+        assert type(rebuilt) is RuntimeError and str(rebuilt) == message
