@@ -11,8 +11,11 @@ Two modes:
 Every rank returns an equal result or raises the same exception type with the same message,
 whichever rank hit the problem: each local step is wrapped so that its exception becomes data (a
 :class:`Failure`), every rank runs the same sequence of collectives whatever happened, and the
-verdict is raised only after the last collective. Without an initialised process group both
-functions are the local ones. torch is imported only when a function here is called.
+verdict is raised only after the last collective. The first collective agrees on the mode (and, in
+sharded mode, checks that every rank sees the same files), so a bad argument on one rank cannot
+leave the others waiting; a ``KeyboardInterrupt`` (any ``BaseException``) in a step is carried
+like a failure and re-raised on its own rank after the collectives. Without an initialised process
+group both functions are the local ones. torch is imported only when a function here is called.
 
 With NCCL, object collectives travel through the current CUDA device: call
 ``torch.cuda.set_device(local_rank)`` before calling these functions, as for any NCCL collective.
@@ -21,8 +24,10 @@ With NCCL, object collectives travel through the current CUDA device: call
 from __future__ import annotations
 
 import builtins
+import hashlib
 import heapq
 import importlib.util
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -74,9 +79,10 @@ def verify(
     Every rank returns an equal :class:`~integrity_fs.Report` or raises the same exception.
     ``storage_options``, ``fs``, ``max_workers`` and ``callback`` are each rank's own (the callback
     sees this rank's bytes); ``strict``, ``quick``, ``manifest`` and ``public_key`` are taken from
-    rank 0, which checks the signature before any content is hashed.
+    rank 0, which checks the signature before any content is hashed. ``mode`` must be the same on
+    every rank (else ``ValueError`` on every rank). In sharded mode every rank lists ``url``, and
+    ranks that see different files raise ``OSError``: it needs shared storage.
     """
-    _check_mode(mode)
     g = _group(group)
 
     def local_verify() -> Report:
@@ -93,16 +99,18 @@ def verify(
         )
 
     if g is None:
+        _check_mode(mode)
         return local_verify()
-    if mode == "rank0":
-        return _on_rank0(g, local_verify)
-    local = _attempt(g.rank, lambda: storage.resolve(url, storage_options, fs))
+    call = _Call(g)
+    agreed, view = call.agree(mode, lambda: _look(url, storage_options, fs))
+    if agreed == "rank0":
+        return call.on_rank0(local_verify)
     planned = _broadcast(
-        g, _attempt(g.rank, lambda: _plan_verify(local, strict, quick, manifest, public_key)) if g.rank == 0 else None
+        g, call.attempt(lambda: _plan_verify(view, strict, quick, manifest, public_key)) if g.rank == 0 else None
     )
-    share = _attempt(g.rank, lambda: _hash_share(g, local, planned, max_workers, callback))
+    share = call.attempt(lambda: _hash_share(g, view, planned, max_workers, callback))
     shares = _all_gather(g, share)
-    _raise_first([planned, *shares])
+    call.raise_first([planned, *shares])
     assert isinstance(planned, _VerifyPlan)
     manifest = Manifest.from_json(planned.manifest_json)
     report = core.finish_verification(manifest, planned.plan, _merge(shares))
@@ -123,16 +131,17 @@ def seal(
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
+    overwrite: bool = False,
     private_key: signing.PrivateKey | None = None,
 ) -> Manifest:
     """:func:`integrity_fs.seal` as a collective: call it on every rank of ``group`` (default: the world).
 
     Rank 0 writes the manifest once every share is hashed (and ``model.sig`` with rank 0's
     ``private_key``; other ranks may pass ``None``); every rank returns an equal
-    :class:`~integrity_fs.Manifest` or raises the same exception. ``algorithm``, ``granularity``
-    and ``chunk_size`` are taken from rank 0; the storage options are each rank's own.
+    :class:`~integrity_fs.Manifest` or raises the same exception (``FileExistsError`` for a root
+    that is already sealed, unless ``overwrite=True``). ``algorithm``, ``granularity``,
+    ``chunk_size`` and ``overwrite`` are taken from rank 0; the storage options are each rank's own.
     """
-    _check_mode(mode)
     g = _group(group)
 
     def local_seal() -> Manifest:
@@ -145,27 +154,30 @@ def seal(
             fs=fs,
             max_workers=max_workers,
             callback=callback,
+            overwrite=overwrite,
             private_key=private_key,
         )
 
     if g is None:
+        _check_mode(mode)
         return local_seal()
-    if mode == "rank0":
+    call = _Call(g)
+    agreed, view = call.agree(mode, lambda: _look(url, storage_options, fs))
+    if agreed == "rank0":
         # The manifest travels as its canonical JSON: the bytes every rank must agree on.
-        return Manifest.from_json(_on_rank0(g, lambda: local_seal().to_json()))
-    local = _attempt(g.rank, lambda: storage.resolve(url, storage_options, fs))
+        return Manifest.from_json(call.on_rank0(lambda: local_seal().to_json()))
     planned = _broadcast(
         g,
-        _attempt(g.rank, lambda: _plan_seal(local, algorithm, granularity, chunk_size, private_key))
+        call.attempt(lambda: _plan_seal(view, algorithm, granularity, chunk_size, overwrite, private_key))
         if g.rank == 0
         else None,
     )
-    share = _attempt(g.rank, lambda: _hash_share(g, local, planned, max_workers, callback))
+    share = call.attempt(lambda: _hash_share(g, view, planned, max_workers, callback))
     shares = _all_gather(g, share)
     written = _broadcast(
-        g, _attempt(g.rank, lambda: _write_seal(local, planned, shares, private_key)) if g.rank == 0 else None
+        g, call.attempt(lambda: _write_seal(view, planned, shares, private_key)) if g.rank == 0 else None
     )
-    _raise_first([planned, *shares, written])
+    call.raise_first([planned, *shares, written])
     assert isinstance(written, bytes)
     return Manifest.from_json(written)
 
@@ -197,8 +209,10 @@ class Failure:
 
     ``type_name`` names a type that can be rebuilt: ``IntegrityError`` (with ``report`` and
     ``location``), ``SignatureError`` (the same, and ``message`` is its ``detail``),
-    ``ManifestNotFoundError``, ``ManifestError``, or a built-in exception. Other
-    types arrive as ``RuntimeError`` whose message starts with the original type's name.
+    ``ManifestNotFoundError``, ``ManifestError``, or a built-in exception. Other types, a
+    ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``), and any type that
+    cannot be rebuilt from its message alone (``UnicodeEncodeError``) arrive as ``RuntimeError``
+    whose message starts with the original type's name.
     ``cause`` is the original exception, kept only on the rank that raised it.
     """
 
@@ -211,7 +225,7 @@ class Failure:
     cause: BaseException | None = field(default=None, compare=False)
 
     @classmethod
-    def from_exception(cls, exc: Exception, rank: int) -> Failure:
+    def from_exception(cls, exc: BaseException, rank: int) -> Failure:
         if isinstance(exc, SignatureError):  # before IntegrityError: it is one
             return cls("SignatureError", exc.detail, rank, exc.report, exc.location, cause=exc)
         if isinstance(exc, IntegrityError):
@@ -222,33 +236,38 @@ class Failure:
             return cls("ManifestError", str(exc), rank, cause=exc)
         kept = next((c for c in type(exc).__mro__ if c.__module__ == "builtins" and issubclass(c, _KEPT)), None)
         if kept is None:
-            return cls("RuntimeError", f"{type(exc).__name__}: {exc}", rank, cause=exc)
+            return cls(
+                "RuntimeError", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, rank, cause=exc
+            )
         return cls(kept.__name__, str(exc), rank, os_args=_os_args(exc), cause=exc)
 
     def to_exception(self) -> Exception:
-        """A fresh exception of the recorded type whose ``str()`` is the recorded message."""
-        if self.type_name == "SignatureError":
-            assert self.report is not None
+        """A fresh exception of the recorded type whose ``str()`` is the recorded message; a
+        ``RuntimeError`` ("<type name>: <message>") when that type cannot be built that way."""
+        if self.type_name == "SignatureError" and self.report is not None:
             return SignatureError(self.message, self.report, self.location)
-        if self.type_name == "IntegrityError":
-            assert self.report is not None
+        if self.type_name == "IntegrityError" and self.report is not None:
             return IntegrityError(self.report, self.location)
         if self.type_name == "ManifestNotFoundError":
             return ManifestNotFoundError(self.message)
         if self.type_name == "ManifestError":
             return ManifestError(self.message)
-        kind: type[Exception] = getattr(builtins, self.type_name)
-        if self.os_args is not None:
-            exc = kind(*self.os_args)
-            if str(exc) == self.message:
-                return exc
-        return kind(self.message)
+        kind = getattr(builtins, self.type_name, None)
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            for args in ([self.os_args] if self.os_args is not None else []) + [(self.message,)]:
+                try:
+                    exc = kind(*args)
+                except Exception:  # e.g. UnicodeEncodeError takes 5 arguments
+                    continue
+                if str(exc) == self.message:
+                    return exc
+        return RuntimeError(f"{self.type_name}: {self.message}")
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "cause": None}
 
 
-def _os_args(exc: Exception) -> tuple[Any, ...] | None:
+def _os_args(exc: BaseException) -> tuple[Any, ...] | None:
     """``(errno, strerror[, filename[, None, filename2]])`` of an OSError that has an errno."""
     if not isinstance(exc, OSError) or exc.errno is None:
         return None
@@ -260,11 +279,78 @@ def _os_args(exc: Exception) -> tuple[Any, ...] | None:
 
 
 def _attempt(rank: int, step: Callable[[], T | Failure]) -> T | Failure:
-    """Run one local step; its exception becomes a :class:`Failure` instead of leaving the sequence."""
+    """Run one local step; its exception becomes a :class:`Failure` instead of leaving the sequence.
+
+    ``Exception`` only: a caller that must survive a ``KeyboardInterrupt`` uses :class:`_Call`.
+    """
     try:
         return step()
     except Exception as exc:
         return Failure.from_exception(exc, rank)
+
+
+class _Call:
+    """One collective call as this rank runs it: the group, and this rank's own interrupt.
+
+    Each local step runs through :meth:`attempt`, so that no exception (``KeyboardInterrupt``
+    included) leaves the sequence of collectives early; :meth:`raise_first` raises the verdict
+    after the last one. A collective is built from :meth:`agree` first, then steps and
+    collectives, then :meth:`raise_first`.
+    """
+
+    def __init__(self, g: _Group) -> None:
+        self.g = g
+        self.interrupt: BaseException | None = None
+
+    def attempt(self, step: Callable[[], T | Failure]) -> T | Failure:
+        """Run one local step; its exception becomes a :class:`Failure` instead of leaving the sequence.
+
+        A ``BaseException`` that is not an ``Exception`` is kept to be re-raised by
+        :meth:`raise_first`, and every later step of this rank is skipped.
+        """
+        if self.interrupt is not None:
+            return Failure.from_exception(self.interrupt, self.g.rank)
+        try:
+            return step()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.interrupt = exc
+            return Failure.from_exception(exc, self.g.rank)
+
+    def raise_first(self, outcomes: Sequence[object]) -> None:
+        """After the last collective: this rank's own interrupt, else the first failure of ``outcomes``."""
+        if self.interrupt is not None:
+            raise self.interrupt
+        _raise_first(outcomes)
+
+    def agree(self, mode: object, look: Callable[[], _View] | None = None) -> tuple[Mode, _View | None]:
+        """The first collective of a call: every rank's ``mode`` (and, in sharded mode, its view) gathered.
+
+        Raises the same on every rank, after this one collective: ``ValueError`` when a rank's mode
+        is not one of :data:`MODES` or ranks passed different modes. In sharded mode each rank
+        also lists the checkpoint with ``look``; a rank's failure to list is raised on every rank,
+        and views that differ (the same URL naming different storage on different ranks, such as
+        node-local paths) raise ``OSError``. Returns the mode and this rank's view (``None`` in
+        rank0 mode or without ``look``).
+        """
+        view = self.attempt(look) if look is not None and mode == "sharded" else None
+        token = view.token if isinstance(view, _View) else view
+        gathered = _all_gather(self.g, (repr(mode), token))
+        if self.interrupt is not None:
+            raise self.interrupt
+        agreed = _agreed_mode([m for m, _ in gathered])
+        if agreed == "rank0" or look is None:
+            return agreed, None
+        _raise_first([t for _, t in gathered])
+        _check_same_views([cast(tuple[str, str], t) for _, t in gathered])
+        assert isinstance(view, _View)
+        return agreed, view
+
+    def on_rank0(self, work: Callable[[], T]) -> T:
+        """Rank 0 does ``work``; its result or exception is every rank's."""
+        outcome = _broadcast(self.g, self.attempt(work) if self.g.rank == 0 else None)
+        self.raise_first([outcome])
+        return cast(T, outcome)
 
 
 def _raise_first(outcomes: Sequence[object]) -> None:
@@ -302,70 +388,126 @@ class _SealPlan:
     location: str
 
 
+@dataclass(frozen=True)
+class _View:
+    """What one rank sees at the URL: its filesystem and root, and the token ranks compare."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    token: tuple[str, str]  # (where, fingerprint of the names, sizes and version stamps)
+
+
+def _look(url: URL, storage_options: dict[str, Any] | None, fs: fsspec.AbstractFileSystem | None) -> _View:
+    """List ``url`` on this rank, with a fingerprint that changes with any name, size, mtime or ETag."""
+    fs_, root = storage.resolve(url, storage_options, fs)
+    stamps: dict[str, str] = {}
+    sizes = storage.list_files(fs_, root, stamps=stamps)
+    listing = json.dumps([[name, size, stamps.get(name, "")] for name, size in sizes.items()])
+    return _View(fs_, root, (storage.describe(fs_, root), hashlib.sha256(listing.encode()).hexdigest()))
+
+
+def _agreed_mode(modes: Sequence[str]) -> Mode:
+    """The mode every rank passed (each given as its ``repr``), or ``ValueError`` naming the ranks."""
+    valid: dict[str, Mode] = {repr(m): cast(Mode, m) for m in MODES}
+    bad = [(rank, m) for rank, m in enumerate(modes) if m not in valid]
+    if bad:
+        rank, m = bad[0]
+        raise ValueError(f"mode must be one of {', '.join(valid)}, not {m} (rank {rank})")
+    by_mode = _ranks_by(modes)
+    if len(by_mode) > 1:
+        raise ValueError(
+            "ranks passed different modes: " + "; ".join(f"{m} on {_ranks(r)}" for m, r in by_mode.items())
+        )
+    return valid[modes[0]]
+
+
+def _check_same_views(tokens: Sequence[tuple[str, str]]) -> None:
+    """``OSError`` on every rank when ranks list different files at the URL."""
+    groups = _ranks_by([fingerprint for _where, fingerprint in tokens])
+    if len(groups) == 1:
+        return
+    raise OSError(
+        f"ranks see different files at {tokens[0][0]} (names, sizes or modification times differ; "
+        f"ranks that agree: {' | '.join(map(_ranks, groups.values()))}): sharded mode needs every rank to see "
+        "the same storage at the URL (shared storage, not node-local paths); use mode='rank0' to let rank 0 "
+        "alone read it, or wait until every rank has finished writing"
+    )
+
+
+def _ranks_by(values: Sequence[str]) -> dict[str, list[int]]:
+    """The ranks holding each value, in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        out.setdefault(value, []).append(rank)
+    return out
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
 def _plan_verify(
-    local: FsRoot | Failure,
+    view: _View | None,
     strict: bool,
     quick: bool,
     manifest_arg: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
-) -> _VerifyPlan | Failure:
+) -> _VerifyPlan:
     """Rank 0: read the manifest (and check the signature with a key) and list the checkpoint."""
-    if isinstance(local, Failure):
-        return local
-    fs, root = local
-    manifest, listing = core.manifest_and_listing(fs, root, manifest_arg, public_key)
+    assert view is not None
+    manifest, listing = core.manifest_and_listing(view.fs, view.root, manifest_arg, public_key)
     plan = core.plan_verification(manifest, listing, strict=strict, quick=quick)
-    return _VerifyPlan(manifest.to_json(), plan, manifest.algorithm, storage.describe(fs, root))
+    return _VerifyPlan(manifest.to_json(), plan, manifest.algorithm, storage.describe(view.fs, view.root))
 
 
 def _plan_seal(
-    local: FsRoot | Failure,
+    view: _View | None,
     algorithm: str,
     granularity: str,
     chunk_size: int | None,
+    overwrite: bool,
     private_key: signing.PrivateKey | None,
-) -> _SealPlan | Failure:
-    """Rank 0: check the options (and the signing key) and list the checkpoint."""
+) -> _SealPlan:
+    """Rank 0: check the options (and the signing key), refuse a sealed root (before any content
+    is read) and list the checkpoint."""
     chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
     if private_key is not None:
         core.load_signing_key(private_key, algorithm, granularity)
-    if isinstance(local, Failure):
-        return local
-    fs, root = local
-    sizes = core.list_for_seal(fs, root)
+    assert view is not None
+    if not overwrite:
+        core.refuse_if_sealed(view.fs, view.root)
+    sizes = core.list_for_seal(view.fs, view.root)
     units = plan_units(granularity, sizes, chunk_size)
-    return _SealPlan(algorithm, granularity, chunk_size, sizes, units, storage.describe(fs, root))
+    return _SealPlan(algorithm, granularity, chunk_size, sizes, units, storage.describe(view.fs, view.root))
 
 
 def _hash_share(
     g: _Group,
-    local: FsRoot | Failure,
+    view: _View | None,
     planned: _VerifyPlan | _SealPlan | Failure | None,
     max_workers: int | None,
     callback: Callback | None,
-) -> Digests | Failure:
+) -> Digests:
     """Every rank: hash this rank's share of the planned units (nothing if planning failed)."""
-    if isinstance(planned, Failure) or planned is None:
+    if not isinstance(planned, (_VerifyPlan, _SealPlan)):
         return {}
-    if isinstance(local, Failure):
-        return local
-    fs, root = local
+    assert view is not None
     share = shard_units(planned.units, g.size)[g.rank]
-    return core.hash_units(fs, root, planned.algorithm, share, max_workers=max_workers, callback=callback)
+    return core.hash_units(view.fs, view.root, planned.algorithm, share, max_workers=max_workers, callback=callback)
 
 
 def _write_seal(
-    local: FsRoot | Failure,
+    view: _View | None,
     planned: _SealPlan | Failure | None,
     shares: Sequence[Digests | Failure],
     private_key: signing.PrivateKey | None,
 ) -> bytes | None:
     """Rank 0: build and write the manifest (then the signature) once every share is in; its bytes."""
-    if isinstance(local, Failure) or not isinstance(planned, _SealPlan):
+    if view is None or not isinstance(planned, _SealPlan):
         return None
     if any(isinstance(share, Failure) for share in shares):
         return None
-    fs, root = local
+    fs, root = view.fs, view.root
     digests = _merge(shares)
     gone = sorted({u.name for u, d in digests.items() if d is None})
     if gone:
@@ -384,13 +526,6 @@ def _merge(shares: Sequence[Mapping[Unit, str | None] | Failure]) -> Digests:
         assert not isinstance(share, Failure)
         merged.update(share)
     return merged
-
-
-def _on_rank0(g: _Group, work: Callable[[], T]) -> T:
-    """Rank 0 does ``work``; its result or exception is every rank's."""
-    outcome = _broadcast(g, _attempt(g.rank, work) if g.rank == 0 else None)
-    _raise_first([outcome])
-    return cast(T, outcome)
 
 
 # --- torch.distributed -------------------------------------------------------------------------

@@ -301,27 +301,64 @@ def test_missing_torch_gives_an_install_hint(use: str) -> None:
 # --- no hang, no false OK, whatever one rank does -------------------------------------------------
 
 HOSTILE_WORLD = 3
+Results = dict[str, list[dict[str, Any]]]
 
 
-def _launch(workdir: Path, scenarios: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Run ``scenarios`` on 3 gloo ranks; a hang fails the test (a 20 s collective timeout, 90 s in all)."""
-    spec = {"scenarios": scenarios, "pg_timeout_s": 20}
-    return run_ranks("dist_worker.py", HOSTILE_WORLD, spec, workdir, timeout=90)
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
+    """One launch of 3 ranks for every scenario below; a hang fails it (20 s collective timeout, 90 s in all).
 
+    ``node0..2``: the same relative URL names a different directory on each rank (node-local
+    paths). Ranks 1 and 2 hold exact copies (modification times included); rank 0's copy is
+    damaged in b.bin, a file that rank 1 hashes in sharded mode.
+    """
+    root = tmp_path_factory.mktemp("hostile")
+    for name in ("good", "unsealed-modes", "unsealed-interrupts"):
+        _files(root / name)
+    ifs.seal(root / "good")
+    nodes = [root / f"node{rank}" for rank in range(HOSTILE_WORLD)]
+    _files(nodes[0] / "ckpt")
+    ifs.seal(nodes[0] / "ckpt")
+    _files(nodes[0] / "raw")
+    for node in nodes[1:]:
+        shutil.copytree(nodes[0], node)
+    assert shard_units(plan_of(nodes[0] / "ckpt"), HOSTILE_WORLD)[1][0].name == "b.bin"
+    for name in ("ckpt/b.bin", "raw/b.bin"):
+        _flip(nodes[0] / name, 100)
+        os.utime(nodes[0] / name, (1e9, 1e9))
 
-def test_a_bad_or_different_mode_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
-    _files(tmp_path / "good")
-    ifs.seal(tmp_path / "good")
-    _files(tmp_path / "unsealed")
-    good, unsealed = str(tmp_path / "good"), str(tmp_path / "unsealed")
+    def sc(id_: str, op: str, mode: str, url: str, **extra: Any) -> dict[str, Any]:
+        return {"id": id_, "op": op, "mode": mode, "url": url, **extra}
+
+    good, modes, interrupts = (str(root / n) for n in ("good", "unsealed-modes", "unsealed-interrupts"))
+    cwd = [str(node) for node in nodes]
     scenarios = [
-        {"id": "bogus", "op": "verify", "mode": "sharded", "url": good, "rank_kwargs": {"1": {"mode": "bogus"}}},
-        {"id": "bogus-rank0", "op": "seal", "mode": "rank0", "url": unsealed, "rank_kwargs": {"0": {"mode": 7}}},
-        {"id": "mixed", "op": "verify", "mode": "sharded", "url": good, "rank_kwargs": {"2": {"mode": "rank0"}}},
-        {"id": "mixed-seal", "op": "seal", "mode": "rank0", "url": unsealed, "rank_kwargs": {"1": {"mode": "sharded"}}},
-        {"id": "after", "op": "verify", "mode": "sharded", "url": good},  # the group is still in step
+        # modes
+        sc("bogus", "verify", "sharded", good, rank_kwargs={"1": {"mode": "bogus"}}),
+        sc("bogus-rank0", "seal", "rank0", modes, rank_kwargs={"0": {"mode": 7}}),
+        sc("mixed", "verify", "sharded", good, rank_kwargs={"2": {"mode": "rank0"}}),
+        sc("mixed-seal", "seal", "rank0", modes, rank_kwargs={"1": {"mode": "sharded"}}),
+        sc("after-modes", "verify", "sharded", good),  # the group is still in step
+        # interrupts (a KeyboardInterrupt raised by one rank's callback)
+        sc("interrupt-verify-sharded", "verify", "sharded", good, interrupt_rank=1),
+        sc("interrupt-verify-rank0", "verify", "rank0", good, interrupt_rank=0),
+        sc("interrupt-seal-sharded", "seal", "sharded", interrupts, interrupt_rank=2),
+        sc("interrupt-seal-rank0", "seal", "rank0", interrupts, interrupt_rank=0),
+        sc("unbuildable", "verify", "sharded", good, interrupt_rank=1, interrupt="UnicodeEncodeError"),
+        sc("after-interrupts", "verify", "sharded", good),
+        # node-local views
+        sc("views-verify", "verify", "sharded", "ckpt", rank_cwd=cwd),
+        sc("views-verify-quick", "verify", "sharded", "ckpt", rank_cwd=cwd, kwargs={"quick": True}),
+        sc("views-seal", "seal", "sharded", "raw", rank_cwd=cwd),
+        sc("views-rank0", "verify", "rank0", "ckpt", rank_cwd=cwd),  # rank 0's copy only
+        sc("views-missing-on-1", "verify", "sharded", "ckpt", rank_cwd=[cwd[0], str(root), cwd[2]]),
     ]
-    results = _launch(tmp_path, scenarios)
+    spec = {"scenarios": scenarios, "pg_timeout_s": 20}
+    return root, run_ranks("dist_worker.py", HOSTILE_WORLD, spec, root, timeout=90)
+
+
+def test_a_bad_or_different_mode_on_one_rank_raises_on_every_rank(hostile: tuple[Path, Results]) -> None:
+    root, results = hostile
     for name, says in [
         ("bogus", "mode must be one of 'sharded', 'rank0', not 'bogus' (rank 1)"),
         ("bogus-rank0", "not 7 (rank 0)"),
@@ -330,90 +367,40 @@ def test_a_bad_or_different_mode_on_one_rank_raises_on_every_rank(tmp_path: Path
     ]:
         shared = _same_on_every_rank(results[name])
         assert shared["type"] == "ValueError" and says in shared["message"], (name, shared)
-    assert not (tmp_path / "unsealed" / MANIFEST_FILENAME).exists()
-    assert _same_on_every_rank(results["after"])["type"] == "Report"
+    assert not (root / "unsealed-modes" / MANIFEST_FILENAME).exists()
+    assert _same_on_every_rank(results["after-modes"])["type"] == "Report"
 
 
-def test_an_interrupt_on_one_rank_is_reraised_there_and_every_rank_raises(tmp_path: Path) -> None:
-    _files(tmp_path / "good")
-    ifs.seal(tmp_path / "good")
-    _files(tmp_path / "unsealed")
-    good, unsealed = str(tmp_path / "good"), str(tmp_path / "unsealed")
-    scenarios = [
-        {"id": "verify-sharded", "op": "verify", "mode": "sharded", "url": good, "interrupt_rank": 1},
-        {"id": "verify-rank0", "op": "verify", "mode": "rank0", "url": good, "interrupt_rank": 0},
-        {"id": "seal-sharded", "op": "seal", "mode": "sharded", "url": unsealed, "interrupt_rank": 2},
-        {"id": "seal-rank0", "op": "seal", "mode": "rank0", "url": unsealed, "interrupt_rank": 0},
-        {
-            "id": "unbuildable",  # an exception Failure cannot construct from its message alone
-            "op": "verify",
-            "mode": "sharded",
-            "url": good,
-            "interrupt_rank": 1,
-            "interrupt": "UnicodeEncodeError",
-        },
-        {"id": "after", "op": "verify", "mode": "sharded", "url": good},
-    ]
-    results = _launch(tmp_path, scenarios)
-    for name, interrupted in [("verify-sharded", 1), ("verify-rank0", 0), ("seal-sharded", 2), ("seal-rank0", 0)]:
-        outcomes = results[name]
-        assert outcomes[interrupted]["type"] == "KeyboardInterrupt", (name, outcomes)
+def test_an_interrupt_on_one_rank_is_reraised_there_and_every_rank_raises(hostile: tuple[Path, Results]) -> None:
+    root, results = hostile
+    for mode_op, interrupted in [("verify-sharded", 1), ("verify-rank0", 0), ("seal-sharded", 2), ("seal-rank0", 0)]:
+        outcomes = results[f"interrupt-{mode_op}"]
+        assert outcomes[interrupted]["type"] == "KeyboardInterrupt", (mode_op, outcomes)
         others = [o for rank, o in enumerate(outcomes) if rank != interrupted]
         shared = _same_on_every_rank(others)
-        assert shared == {"type": "RuntimeError", "message": "KeyboardInterrupt", "report": None}, name
-        assert all(o["notes"] == [f"(raised on rank {interrupted})"] for o in others), name
-    assert not (tmp_path / "unsealed" / MANIFEST_FILENAME).exists()
-    unbuildable = _same_on_every_rank(results["unbuildable"])
+        assert shared == {"type": "RuntimeError", "message": "KeyboardInterrupt", "report": None}, mode_op
+        assert all(o["notes"] == [f"(raised on rank {interrupted})"] for o in others), mode_op
+    assert not (root / "unsealed-interrupts" / MANIFEST_FILENAME).exists()
+    unbuildable = _same_on_every_rank(results["unbuildable"])  # Failure cannot construct it from a message
     assert unbuildable["type"] == "RuntimeError"
     assert unbuildable["message"].startswith("UnicodeEncodeError: 'utf-8' codec can't encode")
-    assert _same_on_every_rank(results["after"])["type"] == "Report"
+    assert _same_on_every_rank(results["after-interrupts"])["type"] == "Report"
 
 
-def test_sharded_mode_refuses_ranks_that_see_different_storage(tmp_path: Path) -> None:
-    """Node-local paths: the same URL is a different directory on each rank. Rank 0's copy is damaged
-    in a file that rank 1 hashes from its own intact copy: that must never add up to OK."""
-    nodes = [tmp_path / f"node{rank}" for rank in range(HOSTILE_WORLD)]
-    for node in nodes:
-        _files(node / "ckpt")
-        ifs.seal(node / "ckpt")
-        _files(node / "raw")
-    assert shard_units(plan_of(nodes[0] / "ckpt"), HOSTILE_WORLD)[1][0].name == "b.bin"
-    for name in ("ckpt/b.bin", "raw/b.bin"):
-        _flip(nodes[0] / name, 100)
-        os.utime(nodes[0] / name, (1e9, 1e9))
-    cwd = [str(node) for node in nodes]
-    scenarios = [
-        {"id": "verify", "op": "verify", "mode": "sharded", "url": "ckpt", "rank_cwd": cwd},
-        {
-            "id": "verify-quick",
-            "op": "verify",
-            "mode": "sharded",
-            "url": "ckpt",
-            "rank_cwd": cwd,
-            "kwargs": {"quick": True},
-        },
-        {"id": "seal", "op": "seal", "mode": "sharded", "url": "raw", "rank_cwd": cwd},
-        {"id": "rank0", "op": "verify", "mode": "rank0", "url": "ckpt", "rank_cwd": cwd},  # rank 0's copy only
-        {
-            "id": "missing-on-1",
-            "op": "verify",
-            "mode": "sharded",
-            "url": "ckpt",
-            "rank_cwd": [cwd[0], str(tmp_path), cwd[2]],
-        },
-    ]
-    results = _launch(tmp_path, scenarios)
-    for name in ("verify", "verify-quick", "seal"):
+def test_sharded_mode_refuses_ranks_that_see_different_storage(hostile: tuple[Path, Results]) -> None:
+    """Rank 0's damaged b.bin, hashed by rank 1 from its own intact copy, must never add up to OK."""
+    root, results = hostile
+    for name in ("views-verify", "views-verify-quick", "views-seal"):
         shared = _same_on_every_rank(results[name])
         assert shared["type"] == "OSError", (name, shared)
         assert "ranks see different files" in shared["message"] and "shared storage" in shared["message"]
-        assert "rank 0 | ranks 1, 2" in shared["message"], shared["message"]
-    assert not (nodes[0] / "raw" / MANIFEST_FILENAME).exists()
-    rank0 = _same_on_every_rank(results["rank0"])
+        assert "ranks that agree: rank 0 | ranks 1, 2" in shared["message"], shared["message"]
+    assert not (root / "node0" / "raw" / MANIFEST_FILENAME).exists()
+    rank0 = _same_on_every_rank(results["views-rank0"])
     assert rank0["type"] == "IntegrityError" and [p["path"] for p in rank0["report"]["problems"]] == ["b.bin"]
-    missing = _same_on_every_rank(results["missing-on-1"])
+    missing = _same_on_every_rank(results["views-missing-on-1"])
     assert missing["type"] == "FileNotFoundError" and "no checkpoint directory" in missing["message"]
-    assert results["missing-on-1"][0]["notes"] == ["(raised on rank 1)"]
+    assert results["views-missing-on-1"][0]["notes"] == ["(raised on rank 1)"]
 
 
 def plan_of(root: Path) -> list[Unit]:
