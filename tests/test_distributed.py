@@ -313,9 +313,11 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
     damaged in b.bin, a file that rank 1 hashes in sharded mode.
     """
     root = tmp_path_factory.mktemp("hostile")
-    for name in ("good", "unsealed-modes", "unsealed-interrupts"):
+    for name in ("good", "unsealed-modes", "unsealed-interrupts", "resealed"):
         _files(root / name)
-    ifs.seal(root / "good")
+    for name in ("good", "resealed"):
+        ifs.seal(root / name)
+    _flip(root / "resealed" / "a.bin", 5)
     nodes = [root / f"node{rank}" for rank in range(HOSTILE_WORLD)]
     _files(nodes[0] / "ckpt")
     ifs.seal(nodes[0] / "ckpt")
@@ -339,6 +341,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
         sc("mixed", "verify", "sharded", good, rank_kwargs={"2": {"mode": "rank0"}}),
         sc("mixed-seal", "seal", "rank0", modes, rank_kwargs={"1": {"mode": "sharded"}}),
         sc("after-modes", "verify", "sharded", good),  # the group is still in step
+        # already sealed
+        sc("sealed-sharded", "seal", "sharded", good),
+        sc("sealed-rank0", "seal", "rank0", good),
+        sc("resealed", "seal", "sharded", str(root / "resealed"), kwargs={"overwrite": True}),
         # interrupts (a KeyboardInterrupt raised by one rank's callback)
         sc("interrupt-verify-sharded", "verify", "sharded", good, interrupt_rank=1),
         sc("interrupt-verify-rank0", "verify", "rank0", good, interrupt_rank=0),
@@ -369,6 +375,19 @@ def test_a_bad_or_different_mode_on_one_rank_raises_on_every_rank(hostile: tuple
         assert shared["type"] == "ValueError" and says in shared["message"], (name, shared)
     assert not (root / "unsealed-modes" / MANIFEST_FILENAME).exists()
     assert _same_on_every_rank(results["after-modes"])["type"] == "Report"
+
+
+def test_seal_refuses_a_sealed_root_on_every_rank(hostile: tuple[Path, Results]) -> None:
+    root, results = hostile
+    for mode in MODES:
+        shared = _same_on_every_rank(results[f"sealed-{mode}"])
+        assert shared["type"] == "FileExistsError", (mode, shared)
+        assert "already sealed" in shared["message"] and "pass overwrite=True / --force" in shared["message"]
+        assert all(o["hashed"] == 0 for o in results[f"sealed-{mode}"])  # refused before reading content
+    assert ifs.verify(root / "good").ok
+    resealed = _same_on_every_rank(results["resealed"])
+    assert resealed == {"type": "Manifest", "manifest": (root / "resealed" / MANIFEST_FILENAME).read_text()}
+    assert ifs.verify(root / "resealed").ok
 
 
 def test_an_interrupt_on_one_rank_is_reraised_there_and_every_rank_raises(hostile: tuple[Path, Results]) -> None:
