@@ -31,7 +31,9 @@ from .manifest import Manifest
 
 try:
     from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
     from torch.distributed.checkpoint.planner import LoadPlanner, SavePlan, SavePlanner
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -110,6 +112,7 @@ def load(
     strict: bool = False,
     planner: LoadPlanner | None = None,
     manifest: Manifest | URL | None = None,
+    _extension_registry: ExtensionRegistry | None = None,
 ) -> Report | None:
     """Verify the checkpoint at ``url``, then ``dcp.load`` it into ``state_dict`` (in place).
 
@@ -117,6 +120,8 @@ def load(
     :func:`integrity_fs.distributed.verify` raises (the same on every rank) before any tensor is
     read. Returns the verification report, or ``None`` when nothing was verified (``verify=False``,
     or no manifest and ``require_manifest=False``). ``manifest`` is as for :func:`integrity_fs.verify`.
+    ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
+    (``save(..., _extensions=[...])``), as in DCP.
     """
     report = None
     if verify:
@@ -131,6 +136,7 @@ def load(
             manifest=manifest,
         )
     reader = FsspecReader(url, **(storage_options or {}))
+    reader.transforms = _StorageReaderTransforms(_extension_registry)
     no_dist = distributed._group(process_group) is None
     with _single_process_quietly(no_dist):
         dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
@@ -238,6 +244,17 @@ class _HashingFileSystem(_FsspecFileSystem):
         self._algorithm = algorithm
         self._chunk_size = chunk_size
         self._written: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (DCP's process executor sends the writer to its checkpoint process); the lock is not."""
+        with self._lock:
+            state = {**self.__dict__, "_written": dict(self._written)}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -407,6 +424,8 @@ class VerifyingFsspecReader(FsspecReader):
     rank of that group must call it, as ``dcp.load`` does. With ``collective=False`` each process
     verifies on its own (for ``no_dist`` loads). ``dcp.load`` wraps the verdict in its
     ``CheckpointException``; :func:`integrity_fs.dcp.load` raises it as it is.
+    ``_extension_registry`` (DCP's experimental ``ExtensionRegistry``, as ``FileSystemReader``
+    takes it) resolves the stream extensions the checkpoint was saved with.
     """
 
     def __init__(
@@ -419,9 +438,13 @@ class VerifyingFsspecReader(FsspecReader):
         mode: distributed.Mode = "sharded",
         max_workers: int | None = None,
         strict: bool = False,
+        _extension_registry: ExtensionRegistry | None = None,
         **storage_options: Any,
     ) -> None:
         super().__init__(path, **storage_options)
+        # FsspecReader drops the registry that FileSystemReader takes: without it, streams saved
+        # with custom extensions (the writer's ``_extensions``) cannot be read back.
+        self.transforms = _StorageReaderTransforms(_extension_registry)
         self._storage_options = storage_options
         self._options: dict[str, Any] = {
             "require_manifest": require_manifest,

@@ -14,7 +14,7 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import fsspec
 import pytest
@@ -27,6 +27,7 @@ from conftest import Backend
 from dist_launch import run_ranks
 from fsspec.implementations.memory import MemoryFileSystem
 from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp
@@ -308,3 +309,62 @@ def test_distributed_missing_manifest(ranks: Any, target: str) -> None:
     assert len(unsealed["log"]) == 1 and "loading it unverified" in unsealed["log"][0]
     required = _shared([r["require"] for r in per_rank])
     assert required["type"] == "ManifestNotFoundError" and required["untouched"]
+
+
+# --- stream extensions --------------------------------------------------------------------------
+
+
+class XorExtension(StreamTransformExtension):
+    """A custom stream transform (not in DCP's default registry): every byte XOR 0x5A."""
+
+    @staticmethod
+    def registry_name() -> str:
+        return "test.integrity_fs.xor"
+
+    @staticmethod
+    def from_descriptor(version: str) -> XorExtension:
+        return XorExtension()
+
+    def get_descriptor(self) -> str:
+        return f"{self.registry_name()}/1"
+
+    def transform_to(self, output: IO[bytes]) -> IO[bytes]:
+        class Writer(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, b: Any) -> int:
+                data = bytes(memoryview(b))
+                output.write(bytes(x ^ 0x5A for x in data))
+                return len(data)
+
+            def flush(self) -> None:
+                output.flush()
+
+        return cast(IO[bytes], Writer())
+
+    def transform_from(self, input: IO[bytes]) -> IO[bytes]:
+        return io.BytesIO(bytes(x ^ 0x5A for x in input.read()))
+
+
+def _registry() -> ExtensionRegistry:
+    registry = ExtensionRegistry()
+    registry.register(XorExtension)
+    return registry
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_custom_stream_extension_loads_through_the_verifying_reader(tmp_path: Path) -> None:
+    state = {"small": torch.arange(1000), "step": 7}
+    url = str(tmp_path / "ckpt")
+    manifest = dcp.save(state, url, _extensions=[XorExtension()])
+    (tmp_path / "ckpt" / MANIFEST_FILENAME).unlink()
+    assert ifs.seal(url) == manifest  # the digests are of the transformed bytes on disk
+    target = {"small": torch.zeros(1000, dtype=torch.long), "step": 0}
+    reader = dcp.VerifyingFsspecReader(url, collective=False, _extension_registry=_registry())
+    torch_dcp.load(target, storage_reader=reader, no_dist=True)
+    assert torch.equal(target["small"], state["small"]) and target["step"] == 7
+    assert reader.report is not None and reader.report.files_checked == 2
+    target = {"small": torch.zeros(1000, dtype=torch.long), "step": 0}
+    assert dcp.load(target, url, _extension_registry=_registry()) is not None
+    assert torch.equal(target["small"], state["small"]) and target["step"] == 7
