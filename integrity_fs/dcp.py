@@ -30,8 +30,8 @@ from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, StreamDigest, Unit,
 from .manifest import Manifest
 
 try:
-    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
     from torch.distributed.checkpoint._extension import ExtensionRegistry
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
     from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex

@@ -1,7 +1,8 @@
 """One rank of a distributed DCP test: ``python dist_dcp_worker.py SPEC.json RANK``.
 
-For each target (a local directory, and an S3 prefix when the spec has an endpoint): save, load,
-load through VerifyingFsspecReader, corrupt and load, load without a manifest. Writes this rank's
+For each target (a local directory, and an S3 prefix when the spec has an endpoint): save (reads
+counted by the kernel or the S3 server), load, load through VerifyingFsspecReader, async_save in
+DCP's checkpoint process, corrupt and load, load without a manifest. Writes this rank's
 outcomes to ``rank<RANK>.json``.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -19,10 +21,11 @@ import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as torch_dcp
-from fsspec.spec import AbstractFileSystem
+from read_counting import reads_under
 from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, Report, dcp
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, Report, dcp, read_manifest
 
 
 def state(rank: int, *, empty: bool = False) -> dict[str, Any]:
@@ -49,25 +52,6 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         elif value != b[key]:
             return False
     return True
-
-
-class ReadCounter:
-    """Counts files opened for reading through any fsspec filesystem."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-        self._open = AbstractFileSystem.open
-        counter = self
-
-        def counting_open(fs: AbstractFileSystem, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
-            if "r" in mode:
-                counter.reads += 1
-            return counter._open(fs, path, mode, *args, **kwargs)
-
-        AbstractFileSystem.open = counting_open  # type: ignore[method-assign]
-
-    def close(self) -> None:
-        AbstractFileSystem.open = self._open  # type: ignore[method-assign]
 
 
 class Messages(logging.Handler):
@@ -99,22 +83,41 @@ def on_rank0(rank: int, fn: Callable[[], None]) -> None:
     dist.barrier()
 
 
-def run_target(url: str, options: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+def async_save_in_a_process(url: str, options: dict[str, Any], source: dict[str, Any], rank: int) -> dict[str, Any]:
+    """DCP's async_save with its process executor: the writer is pickled into DCP's checkpoint process."""
+    writer = dcp.HashingFsspecWriter(url, **options)
+    saved = attempt(
+        lambda: torch_dcp.async_save(
+            source, storage_writer=writer, async_checkpointer_type=AsyncCheckpointerType.PROCESS
+        ).result()
+    )
+    out: dict[str, Any] = {"save": saved["type"], "message": saved.get("message")}
+    if saved["type"] == "Metadata":
+        # That process wrote the manifest: this process's writer is a copy that never ran.
+        out["manifest"] = attempt(lambda: read_manifest(url, storage_options=options)).get("manifest")
+        target = state(rank, empty=True)
+        out["load"] = {**attempt(lambda: dcp.load(target, url, storage_options=options)), "equal": same(target, source)}
+    return out
+
+
+def run_target(url: str, options: dict[str, Any], rank: int, world: int, *, async_process: bool) -> dict[str, Any]:
     fs, root = fsspec.core.url_to_fs(url, **options)
     out: dict[str, Any] = {}
     source = state(rank)
 
-    counter = ReadCounter()
+    reads = reads_under(url, options)  # every rank's reads, seen by the kernel or the S3 server
+    dist.barrier()
     out["save"] = attempt(lambda: dcp.save(source, url, storage_options=options))
-    counter.close()
-    out["save"]["reads"] = counter.reads
+    dist.barrier()
+    out["save"]["reads"] = reads.take()
     out["files"] = sorted(p.rsplit("/", 1)[-1] for p in fs.find(root))
 
     target = state(rank, empty=True)
-    counter = ReadCounter()
+    dist.barrier()
     out["load"] = {**attempt(lambda: dcp.load(target, url, storage_options=options)), "equal": same(target, source)}
-    counter.close()
-    out["load"]["reads"] = counter.reads
+    dist.barrier()
+    out["load"]["reads"] = reads.take()
+    reads.close()
 
     target = state(rank, empty=True)
     reader = dcp.VerifyingFsspecReader(url, **options)
@@ -141,6 +144,9 @@ def run_target(url: str, options: dict[str, Any], rank: int, world: int) -> dict
         "untouched": same(target, state(rank, empty=True)),
     }
 
+    if async_process:
+        out["async-process"] = async_save_in_a_process(url + "-async", options, source, rank)
+
     unsealed = url + "-unsealed"
     dcp.save(source, unsealed, storage_options=options)
     on_rank0(rank, lambda: fs.rm_file(f"{root}-unsealed/{MANIFEST_FILENAME}"))
@@ -165,12 +171,14 @@ def run_target(url: str, options: dict[str, Any], rank: int, world: int) -> dict
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # for DCP's checkpoint process (async_save)
     world = spec["world_size"]
     dist.init_process_group(
         "gloo", init_method=spec["init_method"], rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     results = {
-        name: run_target(target["url"], target["options"], rank, world) for name, target in spec["targets"].items()
+        name: run_target(target["url"], target["options"], rank, world, async_process=spec["async_process"])
+        for name, target in spec["targets"].items()
     }
     dist.destroy_process_group()
     Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))

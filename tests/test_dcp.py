@@ -13,6 +13,7 @@ import random
 import shutil
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -23,9 +24,10 @@ pytest.importorskip("torch")
 
 import torch
 import torch.distributed.checkpoint as torch_dcp
-from conftest import Backend
+from conftest import BUCKET, Backend
 from dist_launch import run_ranks
 from fsspec.implementations.memory import MemoryFileSystem
+from read_counting import CountingS3Server, reads_under
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 
@@ -61,19 +63,13 @@ def _flip(fs: fsspec.AbstractFileSystem, path: str) -> None:
     fs.invalidate_cache()
 
 
-class CountingMemoryFS(MemoryFileSystem):
-    """A memory filesystem that counts files opened for reading."""
-
-    protocol = "countingmem"
-    reads = 0
-
-    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if "r" in mode:
-            type(self).reads += 1
-        return super()._open(path, mode, **kwargs)
-
-
-fsspec.register_implementation("countingmem", CountingMemoryFS, clobber=True)
+@pytest.fixture(scope="module")
+def counting_s3(s3_endpoint: str) -> Iterator[tuple[CountingS3Server, dict[str, Any]]]:
+    """A second front to the session's moto S3 (moto's state is per process) that counts object GETs."""
+    server = CountingS3Server()
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": server.endpoint}}
+    yield server, options
+    server.stop()
 
 
 def test_round_trip_local(tmp_path: Path) -> None:
@@ -134,13 +130,41 @@ def test_hashing_stream_digests_any_write_pattern(
     assert list(digests) == expected
 
 
-def test_save_reads_nothing_back() -> None:
-    url = f"countingmem://ckpt-{uuid.uuid4().hex}"
-    CountingMemoryFS.reads = 0
-    manifest = dcp.save(_state(), url)
-    assert CountingMemoryFS.reads == 0
-    assert ifs.verify(url).files_checked == len(manifest.files) == 2
-    assert CountingMemoryFS.reads >= 2  # the counter does count reads
+@pytest.mark.parametrize("read_back", [None, "verify", "cat_file"], ids=["as-is", "verify-injected", "cat-injected"])
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_save_reads_nothing_back(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    counting_s3: tuple[CountingS3Server, dict[str, Any]],
+    where: str,
+    read_back: str | None,
+) -> None:
+    """Counted where reads happen (the kernel; the S3 server), and shown to see an injected read-back."""
+    url, options = str(tmp_path / "ckpt"), {}
+    if where == "s3":
+        url, options = f"s3://{BUCKET}/reads-{uuid.uuid4().hex}", counting_s3[1]
+    if read_back is not None:
+        finish = dcp.HashingFsspecWriter.finish
+
+        def finish_then_read_back(self: dcp.HashingFsspecWriter, *args: Any, **kwargs: Any) -> None:
+            finish(self, *args, **kwargs)
+            if read_back == "verify":  # integrity_fs's own read paths: builtin open; S3 streamed GETs
+                ifs.verify(url, storage_options=options)
+            else:
+                fs, root = fsspec.core.url_to_fs(url, **options)
+                fs.cat_file(f"{root}/__0_0.distcp")
+
+        monkeypatch.setattr(dcp.HashingFsspecWriter, "finish", finish_then_read_back)
+    reads = reads_under(url, options)
+    try:
+        manifest = dcp.save(_state(), url, storage_options=options)
+        seen = sorted(set(reads.take()))
+    finally:
+        reads.close()
+    expected = {None: [], "verify": sorted([*manifest.files, MANIFEST_FILENAME]), "cat_file": ["__0_0.distcp"]}[
+        read_back
+    ]
+    assert seen == expected
 
 
 class FailingWriteMemoryFS(MemoryFileSystem):
@@ -245,9 +269,8 @@ def test_round_trip_and_corruption_on_s3(s3_backend: Backend) -> None:
 
 
 @pytest.fixture(scope="module")
-def s3_prefix(s3_endpoint: str) -> tuple[str, dict[str, Any]]:
-    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
-    return f"s3://integrity-test/dcp-{uuid.uuid4().hex}", options
+def s3_prefix(counting_s3: tuple[CountingS3Server, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    return f"s3://{BUCKET}/dcp-{uuid.uuid4().hex}", counting_s3[1]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-rank", "2-ranks"])
@@ -261,7 +284,8 @@ def ranks(
         "local": {"url": str(work / "ckpt"), "options": {}},
         "s3": {"url": f"{prefix}/world-{world}", "options": options},
     }
-    results = run_ranks("dist_dcp_worker.py", world, {"targets": targets}, work)
+    # DCP's checkpoint process (async_save) costs a spawned interpreter per rank: 2 ranks only.
+    results = run_ranks("dist_dcp_worker.py", world, {"targets": targets, "async_process": world == 2}, work)
     shutil.rmtree(work / "ckpt", ignore_errors=True)
     return world, results
 
@@ -276,16 +300,29 @@ def test_distributed_save_and_load(ranks: Any, target: str) -> None:
     world, results = ranks
     per_rank = results[target]
     save = _shared([r["save"] for r in per_rank])
-    assert save["type"] == "Manifest" and save["reads"] == 0
+    assert save["type"] == "Manifest" and save["reads"] == []
     distcp = [f"__{rank}_0.distcp" for rank in range(world)]
     manifest = ifs.Manifest.from_json(save["manifest"])
     assert sorted(manifest.files) == [".metadata", *distcp]
     assert _shared([r["files"] for r in per_rank]) == sorted([".metadata", MANIFEST_FILENAME, *distcp])
-    assert all(r["load"]["reads"] > 0 for r in per_rank)  # the read counter counts
+    assert all(set(r["load"]["reads"]) >= set(manifest.files) for r in per_rank)  # the read counter counts
     for step in ("load", "reader"):
         shared = _shared([{k: v for k, v in r[step].items() if k != "reads"} for r in per_rank])
         assert shared["type"] == "NoneType" if step == "reader" else shared["type"] == "Report"
         assert shared["equal"] and shared["report"]["ok"]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_distributed_async_save_with_the_process_executor(ranks: Any, target: str) -> None:
+    """torch's async_save(async_checkpointer_type=PROCESS) pickles the writer into its own process."""
+    world, results = ranks
+    if world == 1:
+        pytest.skip("run with 2 ranks only (a spawned checkpoint process per rank)")
+    outcome = _shared([r["async-process"] for r in results[target]])
+    assert outcome["save"] == "Metadata", outcome["message"]
+    manifest = ifs.Manifest.from_json(outcome["manifest"])
+    assert sorted(manifest.files) == [".metadata", *(f"__{rank}_0.distcp" for rank in range(world))]
+    assert outcome["load"]["type"] == "Report" and outcome["load"]["report"]["ok"] and outcome["load"]["equal"]
 
 
 @pytest.mark.parametrize("target", ["local", "s3"])
