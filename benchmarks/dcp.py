@@ -1,10 +1,12 @@
-"""``python -m benchmarks.dcp [--mib 512] [--tensors 32] [--repeats 5] [--dir DIR]``
+"""``python -m benchmarks.dcp [--mib 512] [--tensors 32] [--repeats 5] [--dir DIR] [--json]``
 
 Times, on one state dict saved to a local directory (single process, no process group):
 
 - ``dcp.save``: plain ``torch.distributed.checkpoint.save`` with DCP's ``FsspecWriter``;
 - ``integrity_fs.dcp.save``: the same writer, hashing every file as it writes it, then the manifest;
   large writes are hashed on a helper thread (copied into reused buffers), overlapping the writes;
+- ``..., chunk granularity``: the same with ``granularity="chunk"`` (64 MiB chunks): the chunks of
+  one file are hashed on several threads while it is written;
 - ``..., hashing inline``: the same with ``BACKGROUND_MIN_BYTES`` out of reach: every write is
   hashed in the writing thread (no copy, no overlap);
 - ``dcp.save + seal``: the plain save, then ``integrity_fs.seal`` reading it all back (page cache).
@@ -14,13 +16,18 @@ with ``sync_files`` off (the page cache only: the worst case for the hashing ove
 save, ``others`` the CPU time other user processes used during the median call. The machine may be
 shared: only calls during which others used under a tenth of a core count (``timed calls`` says
 how many it took to get ``--repeats`` of them).
-A last line gives the time to hash the same bytes in memory on one core, the floor of what hashing adds.
+A last line gives the time to hash the same bytes in memory on one core, the floor of what hashing adds,
+and the CPU floor of a sealed save: (plain save CPU + SHA-256 CPU of the bytes) / cores. The
+targets (issue 15) follow as PASS/MISS lines (``benchmarks.report.dcp_lines``). ``--json`` prints
+the rows as JSON instead (``python -m benchmarks`` runs it that way, in a child process).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -81,6 +88,9 @@ def _contenders(sd: dict[str, Any], sync: bool) -> dict[str, Callable[[str], obj
     return {
         "dcp.save": plain,
         "integrity_fs.dcp.save": lambda path: dcp.save(sd, path, sync_files=sync),
+        "integrity_fs.dcp.save, chunk granularity": lambda path: dcp.save(
+            sd, path, sync_files=sync, granularity="chunk"
+        ),
         "integrity_fs.dcp.save, hashing inline": hashing_inline,
         "dcp.save + seal": then_seal,
     }
@@ -112,7 +122,8 @@ def _time(save: Callable[[str], object], workdir: Path, repeats: int) -> tuple[f
     return (*min(runs, key=lambda r: abs(r[0] - median)), len(every))
 
 
-def run(total_mib: int, tensors: int, repeats: int, workdir: Path) -> tuple[list[Row], float]:
+def run(total_mib: int, tensors: int, repeats: int, workdir: Path) -> tuple[list[Row], float, float]:
+    """The rows, and the wall and CPU seconds of hashing the same bytes in memory on one core."""
     sd = _state_dict(total_mib, tensors)
     rows = []
     with warnings.catch_warnings():
@@ -123,10 +134,10 @@ def run(total_mib: int, tensors: int, repeats: int, workdir: Path) -> tuple[list
                 rows.append(Row(name, sync, elapsed, cpu, others, calls))
     shutil.rmtree(workdir / "ckpt", ignore_errors=True)
     views = [t.view(-1).numpy().data for t in sd["model"].values()]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for view in views:
         hashlib.sha256(view).hexdigest()
-    return rows, time.perf_counter() - start
+    return rows, time.perf_counter() - start, time.process_time() - cpu
 
 
 def table(rows: list[Row]) -> str:
@@ -149,12 +160,20 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="where to save (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true", help="print the rows and hashing times as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ifs-bench-dcp-", dir=args.dir) as tmp:
-        rows, hash_s = run(args.mib, args.tensors, args.repeats, Path(tmp))
+        rows, hash_s, hash_cpu_s = run(args.mib, args.tensors, args.repeats, Path(tmp))
+    if args.json:
+        data = {"rows": [dataclasses.asdict(r) for r in rows], "hash_s": hash_s, "hash_cpu_s": hash_cpu_s}
+        print(json.dumps({**data, "mib": args.mib, "tensors": args.tensors, "repeats": args.repeats}))
+        return
+    from benchmarks.report import dcp_lines
+
     print(f"state dict of {args.tensors} tensors, {args.mib} MiB in all; median of {args.repeats}\n")
     print(table(rows))
     print(f"\nsha256 of the same bytes in memory, one core: {hash_s:.3f} s ({args.mib * MiB / hash_s / 1e9:.2f} GB/s)")
+    print("\n".join(["", *dcp_lines(rows, hash_cpu_s)]))
 
 
 if __name__ == "__main__":

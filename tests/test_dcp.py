@@ -33,7 +33,6 @@ from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTra
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp
-from integrity_fs.hashing import StreamDigest
 
 
 def _state() -> dict[str, Any]:
@@ -119,7 +118,7 @@ def test_hashing_stream_digests_any_write_pattern(
     monkeypatch.setattr(dcp, "BUFFERS", 2)
     rng = random.Random(seed)
     raw = io.BytesIO()
-    stream = dcp._HashingStream(raw, StreamDigest("sha256", chunk_size))
+    stream = dcp._HashingStream(raw, "sha256", chunk_size)
     for _ in range(60):
         stream.write(rng.randbytes(rng.choice([0, 1, 50, 299, 300, 999, 1000, 1001, 5000])))
     size, digests = stream.finish()
@@ -128,6 +127,42 @@ def test_hashing_stream_digests_any_write_pattern(
     step = chunk_size or max(1, len(data))
     expected = [hashlib.sha256(data[i : i + step]).hexdigest() for i in range(0, max(1, len(data)), step)]
     assert list(digests) == expected
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_chunks_of_one_stream_are_hashed_on_several_threads_in_bounded_buffers(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """granularity="chunk": chunks hashed at once on HASH_THREADS threads, from at most BUFFERS each."""
+    monkeypatch.setattr(dcp, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(dcp, "PIECE_BYTES", 1000)
+    monkeypatch.setattr(dcp, "HASH_THREADS", threads)
+    hashed_on: set[str] = set()
+
+    class Recording:
+        def __init__(self) -> None:
+            self._hasher = hashlib.sha256()
+
+        def update(self, data: Any) -> None:
+            hashed_on.add(threading.current_thread().name)
+            self._hasher.update(data)
+
+        def hexdigest(self) -> str:
+            return self._hasher.hexdigest()
+
+    monkeypatch.setattr(dcp, "new_hasher", lambda algorithm: Recording())
+    data = random.Random(0).randbytes(100_000)
+    raw = io.BytesIO()
+    stream = dcp._HashingStream(raw, "sha256", 4096)
+    for start in range(0, len(data), 30_000):
+        stream.write(data[start : start + 30_000])
+    size, digests = stream.finish()
+    assert size == len(data) == len(raw.getvalue())
+    assert list(digests) == [hashlib.sha256(data[i : i + 4096]).hexdigest() for i in range(0, len(data), 4096)]
+    if threads == 1:
+        return
+    assert hashed_on == {f"integrity_fs-hash-{i}" for i in range(threads)}
+    assert stream._parallel is not None and stream._parallel._allocated <= dcp.BUFFERS * threads
 
 
 @pytest.mark.parametrize("read_back", [None, "verify", "cat_file"], ids=["as-is", "verify-injected", "cat-injected"])
@@ -189,12 +224,13 @@ class FailingWriteMemoryFS(MemoryFileSystem):
 fsspec.register_implementation("failingmem", FailingWriteMemoryFS, clobber=True)
 
 
-def test_failed_write_writes_no_manifest_and_leaves_no_thread() -> None:
+@pytest.mark.parametrize("options", [{}, {"granularity": "chunk", "chunk_size": 1 << 20}], ids=["file", "chunk"])
+def test_failed_write_writes_no_manifest_and_leaves_no_thread(options: dict[str, Any]) -> None:
     url = f"failingmem://ckpt-{uuid.uuid4().hex}"
     threads = threading.active_count()
-    state = {"big": torch.randn(1_000_000)}  # 4 MB: hashed on the helper thread
+    state = {"big": torch.randn(1_000_000), "more": torch.randn(1_000_000)}  # 8 MB: hashed on helper threads
     with pytest.raises(CheckpointException):  # torch.save reports the failed write its own way
-        dcp.save(state, url)
+        dcp.save(state, url, **options)
     assert not fsspec.filesystem("failingmem").exists(f"{url}/{MANIFEST_FILENAME}")
     assert threading.active_count() == threads
 
