@@ -7,19 +7,23 @@ tables of median time, throughput, CPU use and peak RSS, then the targets as PAS
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from benchmarks import datasets, s3
+from benchmarks import dcp as dcp_bench
 from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
 from benchmarks.harness import CORES, REPO, Bench, log
 from benchmarks.report import (
     blake3_lines,
     chunk_size_lines,
+    dcp_lines,
     local_targets,
     machine_line,
     reference_by,
@@ -29,7 +33,7 @@ from benchmarks.report import (
 )
 
 RESULTS = os.path.join(REPO, "benchmarks", "results.md")
-SECTIONS = ("local", "memory", "chunks", "s3", "blake3")
+SECTIONS = ("local", "memory", "chunks", "s3", "blake3", "dcp")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Config:
     blake3: Dataset  # issue 15 part 3: verify with BLAKE3 against SHA-256 and b3sum
     repeats: int  # timed calls per contender and round
     rounds: int  # round-robin passes over a dataset's contenders
+    dcp_mib: int = 512  # the state dict of the DCP section
 
 
 QUICK = Config(
@@ -62,6 +67,7 @@ QUICK = Config(
     blake3=Dataset("blake3", "BLAKE3 set", 4, 64 * MiB),
     repeats=3,
     rounds=1,
+    dcp_mib=128,
 )
 FULL = Config(
     name="full",
@@ -253,7 +259,23 @@ def run_blake3(bench: Bench, cfg: Config) -> None:
     bench.run()
 
 
-def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
+def run_dcp(bench: Bench, cfg: Config) -> dict[str, Any] | None:
+    """``python -m benchmarks.dcp --json`` in a child process (torch is imported there only)."""
+    env = dict(os.environ)
+    if bench.import_path:
+        env["PYTHONPATH"] = os.pathsep.join([bench.import_path, REPO, env.get("PYTHONPATH", "")])
+    os.makedirs(bench.root, exist_ok=True)
+    command = [sys.executable, "-m", "benchmarks.dcp", "--json", "--mib", str(cfg.dcp_mib)]
+    command += ["--repeats", str(cfg.repeats + 2), "--dir", bench.root]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        log(f"  benchmarks.dcp failed (torch missing?): {done.stderr.strip().splitlines()[-1:]}")
+        return None
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[str, Any] | None = None) -> str:
     source = f"integrity_fs from {bench.import_path}" if bench.import_path else "the installed integrity_fs"
     parts = [
         f"# integrity_fs benchmarks ({cfg.name} run)",
@@ -310,6 +332,16 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float) -> str:
     lines += chunk_size_lines(bench, (cfg.one, cfg.several), cfg.chunk_sizes)
     lines += s3_lines(bench, cfg.s3_sets, bench.find("several:threads"))
     lines += blake3_lines(bench, cfg.blake3)
+    if dcp is not None:
+        dcp_rows = [dcp_bench.Row(**r) for r in dcp["rows"]]
+        parts += [
+            f"## DCP save (issue 15): a {dcp['mib']} MiB state dict in {dcp['tensors']} tensors, one process, "
+            "local page cache",
+            "",
+            dcp_bench.table(dcp_rows),
+            "",
+        ]
+        lines += dcp_lines(dcp_rows, dcp["hash_cpu_s"])
     if lines:
         parts += ["## Targets", "", *lines, ""]
     contended = [f"- {r.dataset}: {r.label}" for r in bench.rows if r.result["contended"]]
@@ -353,11 +385,15 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     run_baselines(bench)
     runners = {"local": run_local, "memory": run_memory, "chunks": run_chunks, "s3": run_s3, "blake3": run_blake3}
+    dcp = None
     for section in SECTIONS:
         if section in (args.only or SECTIONS):
             log(f"{section}:")
-            runners[section](bench, cfg)
-    text = report(bench, cfg, command, time.perf_counter() - started)
+            if section == "dcp":
+                dcp = run_dcp(bench, cfg)
+            else:
+                runners[section](bench, cfg)
+    text = report(bench, cfg, command, time.perf_counter() - started, dcp)
     print(text)
     if args.write:
         with open(RESULTS, "w", encoding="utf-8") as f:
