@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -30,6 +30,9 @@ from .hashing import (
     plan_units,
 )
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
+
+if TYPE_CHECKING:
+    from ._s3 import StoreChecksum
 
 log = logging.getLogger("integrity_fs")
 T = TypeVar("T")
@@ -435,18 +438,42 @@ def attest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, plan: V
 
     A checksum that is absent, not comparable or different attests nothing: the file stays in
     the plan and its read decides (another part layout gives another checksum for the same bytes).
+    The two halves, :func:`fetch_checksums` and :func:`attested_names`, are what
+    ``distributed.verify`` shares across ranks.
     """
-    if not plan.sizes or manifest.sizes is None:
+    names = attestable_names(manifest, plan)
+    if not names:
         return plan
-    names = sorted(plan.sizes)
+    return without_attested(plan, attested_names(manifest, fetch_checksums(fs, root, names)))
+
+
+def attestable_names(manifest: Manifest, plan: VerificationPlan) -> list[str]:
+    """The files of ``plan`` whose store checksums are worth asking for, sorted (none for a
+    manifest without sizes: a listing has not confirmed their sizes)."""
+    if manifest.sizes is None:
+        return []
+    return sorted(plan.sizes)
+
+
+def fetch_checksums(fs: fsspec.AbstractFileSystem, root: str, names: Sequence[str]) -> dict[str, StoreChecksum | None]:
+    """What the store keeps for each of ``names`` under ``root`` (one request each, no content read)."""
     paths = {storage.join(root, name): name for name in names}
-    checksums = storage.store_checksums(fs, list(paths))
-    confirmed = {
-        paths[path]
-        for path, checksum in checksums.items()
+    return {paths[path]: checksum for path, checksum in storage.store_checksums(fs, list(paths)).items()}
+
+
+def attested_names(manifest: Manifest, checksums: Mapping[str, StoreChecksum | None]) -> set[str]:
+    """The names whose store checksum is comparable with, and equal to, their manifest digest."""
+    return {
+        name
+        for name, checksum in checksums.items()
         if checksum is not None
-        and attesting_digest(manifest, paths[path], checksum.composite, checksum.parts) == checksum.digest
+        and attesting_digest(manifest, name, checksum.composite, checksum.parts) == checksum.digest
     }
+
+
+def without_attested(plan: VerificationPlan, confirmed: Iterable[str]) -> VerificationPlan:
+    """``plan`` with the ``confirmed`` files moved from the hashing to ``attested``."""
+    confirmed = set(confirmed)
     if not confirmed:
         return plan
     return dataclasses.replace(

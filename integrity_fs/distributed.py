@@ -24,6 +24,7 @@ With NCCL, object collectives travel through the current CUDA device: call
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import hashlib
 import heapq
 import importlib.util
@@ -45,6 +46,8 @@ from .manifest import Manifest
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from ._s3 import StoreChecksum
+
 __all__ = ["MODES", "Failure", "Mode", "latest_verified", "seal", "shard_units", "verify"]
 
 Mode = Literal["sharded", "rank0"]
@@ -56,7 +59,6 @@ INSTALL_HINT = "pip install 'integrity-fs[torch]'"
 UNIT_COST_BYTES = 1024 * 1024
 
 T = TypeVar("T")
-FsRoot = tuple[fsspec.AbstractFileSystem, str]
 Digests = dict[Unit, str | None]
 
 
@@ -71,6 +73,7 @@ def verify(
     callback: Callback | None = None,
     strict: bool = False,
     quick: bool = False,
+    attested: bool = False,
     manifest: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
 ) -> Report:
@@ -78,10 +81,12 @@ def verify(
 
     Every rank returns an equal :class:`~integrity_fs.Report` or raises the same exception.
     ``storage_options``, ``fs``, ``max_workers`` and ``callback`` are each rank's own (the callback
-    sees this rank's bytes); ``strict``, ``quick``, ``manifest`` and ``public_key`` are taken from
-    rank 0, which checks the signature before any content is hashed. ``mode`` must be the same on
-    every rank (else ``ValueError`` on every rank). In sharded mode every rank lists ``url``, and
-    ranks that see different files raise ``OSError``: it needs shared storage.
+    sees this rank's bytes); ``strict``, ``quick``, ``attested``, ``manifest`` and ``public_key`` are
+    taken from rank 0, which checks the signature before any content is hashed. ``mode`` must be the
+    same on every rank (else ``ValueError`` on every rank). In sharded mode every rank lists ``url``,
+    and ranks that see different files raise ``OSError``: it needs shared storage. With ``attested``
+    in sharded mode, each rank asks the store for the checksums of its share of the files (split by
+    name), and only the units of the files no checksum attests are split across ranks and hashed.
     """
     g = _group(group)
 
@@ -94,6 +99,7 @@ def verify(
             callback=callback,
             strict=strict,
             quick=quick,
+            attested=attested,
             manifest=manifest,
             public_key=public_key,
         )
@@ -106,11 +112,19 @@ def verify(
     if agreed == "rank0":
         return call.on_rank0(local_verify)
     planned = _broadcast(
-        g, call.attempt(lambda: _plan_verify(view, strict, quick, manifest, public_key)) if g.rank == 0 else None
+        g,
+        call.attempt(lambda: _plan_verify(view, strict, quick, attested, manifest, public_key))
+        if g.rank == 0
+        else None,
     )
+    checksums: list[_Checksums | Failure] = []
+    if isinstance(planned, _VerifyPlan) and planned.attest:  # rank 0's choice: the same on every rank
+        before = planned
+        checksums = _all_gather(g, call.attempt(lambda: _checksum_share(g, view, before)))
+        planned = call.attempt(lambda: _attest(before, checksums))
     share = call.attempt(lambda: _hash_share(g, view, planned, max_workers, callback))
     shares = _all_gather(g, share)
-    call.raise_first([planned, *shares])
+    call.raise_first([planned, *checksums, *shares])
     assert isinstance(planned, _VerifyPlan)
     manifest = Manifest.from_json(planned.manifest_json)
     report = core.finish_verification(manifest, planned.plan, _merge(shares))
@@ -278,17 +292,6 @@ def _os_args(exc: BaseException) -> tuple[Any, ...] | None:
     return (exc.errno, exc.strerror)
 
 
-def _attempt(rank: int, step: Callable[[], T | Failure]) -> T | Failure:
-    """Run one local step; its exception becomes a :class:`Failure` instead of leaving the sequence.
-
-    ``Exception`` only: a caller that must survive a ``KeyboardInterrupt`` uses :class:`_Call`.
-    """
-    try:
-        return step()
-    except Exception as exc:
-        return Failure.from_exception(exc, rank)
-
-
 class _Call:
     """One collective call as this rank runs it: the group, and this rank's own interrupt.
 
@@ -372,6 +375,7 @@ class _VerifyPlan:
     plan: VerificationPlan
     algorithm: str
     location: str
+    attest: bool = False  # ask the store for checksums of ``plan``'s files (rank 0's ``attested``)
 
     @property
     def units(self) -> Sequence[Unit]:
@@ -450,6 +454,7 @@ def _plan_verify(
     view: _View | None,
     strict: bool,
     quick: bool,
+    attested: bool = False,
     manifest_arg: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
 ) -> _VerifyPlan:
@@ -457,7 +462,30 @@ def _plan_verify(
     assert view is not None
     manifest, listing = core.manifest_and_listing(view.fs, view.root, manifest_arg, public_key)
     plan = core.plan_verification(manifest, listing, strict=strict, quick=quick)
-    return _VerifyPlan(manifest.to_json(), plan, manifest.algorithm, storage.describe(view.fs, view.root))
+    attest = attested and not quick and bool(core.attestable_names(manifest, plan))
+    return _VerifyPlan(manifest.to_json(), plan, manifest.algorithm, storage.describe(view.fs, view.root), attest)
+
+
+_Checksums = dict[str, "StoreChecksum | None"]
+
+
+def _checksum_share(g: _Group, view: _View | None, planned: _VerifyPlan) -> _Checksums:
+    """Every rank: the store's checksums of this rank's share of the files (every ``size``-th name)."""
+    assert view is not None
+    names = core.attestable_names(Manifest.from_json(planned.manifest_json), planned.plan)
+    return core.fetch_checksums(view.fs, view.root, names[g.rank :: g.size])
+
+
+def _attest(planned: _VerifyPlan, checksums: Sequence[_Checksums | Failure]) -> _VerifyPlan | Failure:
+    """Every rank, from the gathered checksums: the plan less the attested files (the same on every
+    rank); the first failure instead when a rank could not fetch its share."""
+    merged: _Checksums = {}
+    for share in checksums:
+        if isinstance(share, Failure):
+            return share
+        merged.update(share)
+    confirmed = core.attested_names(Manifest.from_json(planned.manifest_json), merged)
+    return dataclasses.replace(planned, plan=core.without_attested(planned.plan, confirmed))
 
 
 def _plan_seal(
@@ -607,7 +635,8 @@ def latest_verified(
 ) -> tuple[str, Report] | None:
     """:func:`integrity_fs.latest_verified` as a collective: the same answer on every rank of ``group``.
 
-    Rank 0 lists the candidates and broadcasts them; then every rank runs :func:`verify` on each,
+    The mode is agreed as for :func:`verify` (the same messages, the same handling of an interrupt);
+    rank 0 lists the candidates and shares them; then every rank runs :func:`verify` on each,
     newest first, until one passes, so the hashing of each candidate is shared across ranks (in
     ``mode``). Skipped candidates are logged at WARNING on rank 0. A storage error, or a bad
     argument on any rank, is raised on every rank. The returned URL is rank 0's.
@@ -624,24 +653,20 @@ def latest_verified(
             max_workers=max_workers,
             public_key=public_key,
         )
-    local = _attempt(g.rank, lambda: storage.resolve(root, storage_options, fs))
-    _latest_agree(g, mode, local)
-    assert not isinstance(local, Failure)
+    call = _Call(g)
+    call.agree(mode)
+    # Every rank resolves the root (each verify below runs on its own); rank 0 also lists the
+    # candidates. One collective carries both, so a failure on any rank is raised on every rank.
+    local = call.attempt(lambda: storage.resolve(root, storage_options, fs))
+    listed = None
+    if g.rank == 0 and not isinstance(local, Failure):
+        listed = call.attempt(lambda: _latest_candidates(*local))
+    gathered = _all_gather(g, local if isinstance(local, Failure) else listed)
+    call.raise_first(gathered)
+    candidates = gathered[0]
+    assert isinstance(candidates, list) and not isinstance(local, Failure)
     fs_, root_ = local
-    interrupted: BaseException | None = None
-    listed: list[tuple[str, str]] | Failure | None = None
-    if g.rank == 0:
-        try:
-            listed = _attempt(g.rank, lambda: _latest_candidates(fs_, root_))
-        except BaseException as exc:  # Ctrl-C: the other ranks still get a verdict, then it is raised here
-            interrupted = exc
-            listed = Failure("RuntimeError", f"{type(exc).__name__}: {exc}", g.rank)
-    listed = _broadcast(g, listed)
-    if interrupted is not None:
-        raise interrupted
-    _raise_first([listed])
-    assert isinstance(listed, list)
-    for name, url in listed:
+    for name, url in candidates:
         try:
             report = verify(
                 storage.join(root_, name),
@@ -668,15 +693,3 @@ def _latest_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[s
     """Rank 0: the candidates' names and URLs, newest first."""
     names = checkpoints.names_or_none(fs, root)
     return [(name, checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]
-
-
-def _latest_agree(g: _Group, mode: str, local: FsRoot | Failure) -> None:
-    """One collective over every rank's arguments: a bad or differing ``mode``, or a root that does
-    not resolve on some rank, raises on every rank."""
-    check = _attempt(g.rank, lambda: _check_mode(mode))
-    gathered = _all_gather(g, (mode, check, local if isinstance(local, Failure) else None))
-    _raise_first([check for _, check, _ in gathered])
-    modes = [m for m, _, _ in gathered]
-    if len(set(modes)) > 1:
-        raise ValueError(f"every rank must pass the same mode; by rank: {modes}")
-    _raise_first([failed for _, _, failed in gathered])

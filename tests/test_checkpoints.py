@@ -456,9 +456,12 @@ def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> N
     assert _one(per_rank, "file_root")["type"] == "NotADirectoryError"
     assert _one(per_rank, "missing_root") == {"type": "NoneType", "value": None}
     differ = _one(per_rank, "modes_differ")
-    assert differ["type"] == "ValueError" and "same mode" in differ["message"]
-    bad = _one(per_rank, "bad_mode")
-    assert bad["type"] == "ValueError" and "bogus" in bad["message"]
+    assert differ == {
+        "type": "ValueError",
+        "message": "ranks passed different modes: 'sharded' on rank 0; 'rank0' on rank 1",
+    }
+    bad = _one(per_rank, "bad_mode")  # the messages of distributed.seal and verify
+    assert bad == {"type": "ValueError", "message": "mode must be one of 'sharded', 'rank0', not 'bogus' (rank 1)"}
 
 
 @pytest.mark.parametrize("target", ["local", "s3"])
