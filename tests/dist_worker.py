@@ -18,7 +18,7 @@ from fsspec.callbacks import Callback
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
-from integrity_fs import IntegrityError, Manifest, Report, distributed
+from integrity_fs import IntegrityError, Manifest, Report, distributed, storage
 
 FAULTS: dict[str, Exception] = {
     "permission": PermissionError(13, "Permission denied (injected)"),
@@ -89,6 +89,33 @@ def failure(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc), "report": report, "notes": getattr(exc, "__notes__", [])}
 
 
+class ChecksumRequests:
+    """Counts the objects whose store checksums this rank asks for; on ``fault``, fails instead."""
+
+    def __init__(self, fault: BaseException | None = None) -> None:
+        self.asked = 0
+        self.fault = fault
+        self._original = storage.store_checksums
+
+        def counting(fs: Any, paths: list[str]) -> Any:
+            if self.fault is not None:
+                raise self.fault
+            self.asked += len(paths)
+            return self._original(fs, paths)
+
+        storage.store_checksums = counting  # type: ignore[assignment]
+
+    def close(self) -> int:
+        storage.store_checksums = self._original  # type: ignore[assignment]
+        return self.asked
+
+
+CHECKSUM_FAULTS: dict[str, BaseException] = {
+    "permission": PermissionError(13, "Permission denied (injected)"),
+    "KeyboardInterrupt": KeyboardInterrupt(),
+}
+
+
 def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
     kwargs = dict(scenario.get("kwargs", {}))
     kwargs.update(scenario.get("rank_kwargs", {}).get(str(rank), {}))
@@ -99,6 +126,8 @@ def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
     counter = ByteCounter(interrupt if scenario.get("interrupt_rank") == rank else None)
     kwargs["callback"] = counter
     function = distributed.verify if scenario["op"] == "verify" else distributed.seal
+    faulty = scenario.get("checksum_fault_rank") == rank
+    requests = ChecksumRequests(CHECKSUM_FAULTS[scenario["checksum_fault"]] if faulty else None)
     cwd = os.getcwd()
     if "rank_cwd" in scenario:  # the same relative URL names a different directory on each rank
         os.chdir(scenario["rank_cwd"][rank])
@@ -108,6 +137,9 @@ def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
         result = failure(exc)
     finally:
         os.chdir(cwd)
+        asked = requests.close()
+    if kwargs.get("attested"):
+        result["checksums_asked"] = asked
     return {**result, "hashed": counter.hashed}
 
 
