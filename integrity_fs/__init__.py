@@ -3,10 +3,12 @@ on any fsspec filesystem (local, S3, GCS, ...)."""
 
 from . import formats
 from .checkpoints import find_checkpoints, latest_verified
-from .core import Problem, Report, read_manifest, seal, sign, verify
+from .core import read_manifest, seal, sign, verify
 from .errors import CheckpointingException, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest
+from .report import Problem, Report
 from .signing import SIGNATURE_FILENAME
+from .transfer import copy, download, upload
 
 __all__ = [
     "MANIFEST_FILENAME",
@@ -19,12 +21,15 @@ __all__ = [
     "Problem",
     "Report",
     "SignatureError",
+    "copy",
+    "download",
     "find_checkpoints",
     "formats",
     "latest_verified",
     "read_manifest",
     "seal",
     "sign",
+    "upload",
     "verify",
 ]
 

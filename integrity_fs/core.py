@@ -10,8 +10,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -30,6 +30,8 @@ from .hashing import (
     plan_units,
 )
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
+from .report import Problem as Problem  # re-exported: core has always offered them
+from .report import Report as Report
 
 if TYPE_CHECKING:
     from ._s3 import StoreChecksum
@@ -38,69 +40,10 @@ log = logging.getLogger("integrity_fs")
 T = TypeVar("T")
 R = TypeVar("R")
 
-ProblemKind = Literal["mismatch", "missing", "size", "extra"]
 URL = str | os.PathLike[str]
 
 #: Concurrent reads on object stores, where latency, not the CPU, is the limit.
 REMOTE_WORKERS = 16
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One way the checkpoint differs from its manifest.
-
-    ``expected``/``actual`` are digests for ``"mismatch"``, byte counts for ``"size"``, the
-    expected digest and ``None`` for ``"missing"``, ``None`` and the size for ``"extra"``.
-    ``byte_ranges`` lists the ``[start, end)`` ranges that differ, for chunk manifests.
-    """
-
-    path: str
-    kind: ProblemKind
-    expected: str | int | None = None
-    actual: str | int | None = None
-    byte_ranges: tuple[tuple[int, int], ...] = ()
-
-    def __str__(self) -> str:
-        if self.kind == "missing":
-            return f"{self.path}: missing"
-        if self.kind == "extra":
-            return f"{self.path}: extra (not in the manifest)"
-        if self.kind == "size":
-            return f"{self.path}: size (expected {self.expected} bytes, found {self.actual})"
-        where = ""
-        if self.byte_ranges:
-            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in self.byte_ranges)
-        return f"{self.path}: mismatch{where} (expected {self.expected}, found {self.actual})"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["byte_ranges"] = [list(r) for r in self.byte_ranges]
-        return out
-
-
-@dataclass(frozen=True)
-class Report:
-    """The outcome of a verification. ``ok`` is True exactly when ``problems`` is empty."""
-
-    problems: tuple[Problem, ...] = ()
-    extra: tuple[str, ...] = ()
-    files_checked: int = 0
-    bytes_checked: int = 0
-    files_attested: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "problems": [p.to_dict() for p in self.problems],
-            "extra": list(self.extra),
-            "files_checked": self.files_checked,
-            "bytes_checked": self.bytes_checked,
-            "files_attested": self.files_attested,
-        }
 
 
 def read_manifest(
@@ -614,15 +557,14 @@ def run_parallel(fn: Callable[[T], R], items: Sequence[T], workers: int) -> dict
         return {item: future.result() for future, item in futures.items()}
 
 
-def progress_fn(callback: Callback | None, total: int) -> storage.ProgressFn | None:
-    """A thread-safe byte counter on ``callback``, after telling it the total."""
-    if callback is None:
-        return None
-    callback.set_size(total)
+def progress_fn(callback: Callback | None, total: int) -> storage.ProgressFn:
+    """A thread-safe byte counter on ``callback`` (none: fsspec's no-op callback), after telling it the total."""
+    cb = Callback.as_callback(callback)
+    cb.set_size(total)
     lock = threading.Lock()
 
     def update(n: int) -> None:
         with lock:
-            callback.relative_update(n)
+            cb.relative_update(n)
 
     return update

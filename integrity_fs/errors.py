@@ -10,10 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .core import Report
+from .report import Report
 
 _MAX_NAMED = 10
 

@@ -516,3 +516,38 @@ def list_dirs(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
         if is_dir:
             names.add(path.rsplit("/", 1)[-1])
     return sorted(names)
+
+
+# --------------------------------------------------------------------------- writing (transfer)
+
+
+def local_filesystem() -> fsspec.AbstractFileSystem:
+    """The local filesystem, for modules that must not import fsspec."""
+    return fsspec.filesystem("file")
+
+
+def exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether ``path`` exists now, asked of the store (no listing cache filled earlier)."""
+    with storage_errors(f"checking {path}"):
+        fs.invalidate_cache(path)
+        return bool(fs.exists(path))
+
+
+def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Delete one file; one that is already gone is fine."""
+    with contextlib.suppress(FileNotFoundError), storage_errors(f"deleting {path}"):
+        fs.rm_file(path)
+
+
+def open_write(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    """A binary writer for ``path``, creating local parent directories (object stores have none)."""
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")
+    return fs.open(path, "wb")
+
+
+def makedirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Create the directory ``path`` and its parents where the filesystem has directories."""
+    with storage_errors(f"creating {path}"):
+        fs.makedirs(path, exist_ok=True)

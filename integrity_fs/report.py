@@ -1,0 +1,69 @@
+"""What a verification found: :class:`Problem` (one difference) and :class:`Report` (all of them).
+
+Pure data with no I/O, imported by ``errors`` and ``core`` alike (so neither imports the other).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+ProblemKind = Literal["mismatch", "missing", "size", "extra"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way the checkpoint differs from its manifest.
+
+    ``expected``/``actual`` are digests for ``"mismatch"``, byte counts for ``"size"``, the
+    expected digest and ``None`` for ``"missing"``, ``None`` and the size for ``"extra"``.
+    ``byte_ranges`` lists the ``[start, end)`` ranges that differ, for chunk manifests.
+    """
+
+    path: str
+    kind: ProblemKind
+    expected: str | int | None = None
+    actual: str | int | None = None
+    byte_ranges: tuple[tuple[int, int], ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "missing":
+            return f"{self.path}: missing"
+        if self.kind == "extra":
+            return f"{self.path}: extra (not in the manifest)"
+        if self.kind == "size":
+            return f"{self.path}: size (expected {self.expected} bytes, found {self.actual})"
+        where = ""
+        if self.byte_ranges:
+            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in self.byte_ranges)
+        return f"{self.path}: mismatch{where} (expected {self.expected}, found {self.actual})"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["byte_ranges"] = [list(r) for r in self.byte_ranges]
+        return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """The outcome of a verification. ``ok`` is True exactly when ``problems`` is empty."""
+
+    problems: tuple[Problem, ...] = ()
+    extra: tuple[str, ...] = ()
+    files_checked: int = 0
+    bytes_checked: int = 0
+    files_attested: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "problems": [p.to_dict() for p in self.problems],
+            "extra": list(self.extra),
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+            "files_attested": self.files_attested,
+        }

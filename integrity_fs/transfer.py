@@ -1,0 +1,392 @@
+"""download, upload and copy: move a checkpoint and check it in the same read.
+
+Each file is read once and hashed while it streams to the destination; the manifest is written
+there last, and only when every file matched (or, for an unsealed upload source, from exactly the
+bytes sent). A reader who finds the manifest at the destination therefore finds a whole copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+from fsspec.callbacks import Callback
+
+from . import core, storage
+from .core import URL
+from .errors import IntegrityError, ManifestError
+from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, StreamDigest, Unit, plan_units
+from .manifest import MANIFEST_FILENAME, Manifest
+from .report import Problem, Report
+
+log = logging.getLogger("integrity_fs")
+
+#: Read size when copying: large enough to amortise calls, small enough to bound memory per thread.
+COPY_BLOCK_SIZE = 1024 * 1024
+#: Staging directories of ``download`` are named ``.<DEST name><STAGING_MARK><pid>-<token>-<host>``.
+STAGING_MARK = ".integrity-fs-partial-"
+
+
+@dataclass(frozen=True)
+class _Copied:
+    """What went through one stream: its byte count and one digest per unit (chunk, or whole file)."""
+
+    size: int
+    unit_digests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One end of a transfer: a filesystem, a root inside it, and the root as a URL for messages."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+
+    @property
+    def location(self) -> str:
+        return storage.describe(self.fs, self.root)
+
+    def path(self, name: str) -> str:
+        if storage.is_local(self.fs):
+            return os.path.join(self.root, *name.split("/"))
+        return storage.join(self.root, name)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def download(
+    url: URL,
+    dest: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+    strict: bool = False,
+) -> Report:
+    """Copy the sealed checkpoint at ``url`` into the local directory ``dest``, verifying as it streams.
+
+    Files go to a staging directory beside ``dest`` that becomes ``dest`` (one rename) only when
+    every file matched and the manifest is written; on any failure it is deleted, so ``dest``
+    holds the whole verified checkpoint or is as it was (absent, or the empty directory it was).
+    Files the manifest does not list are not copied (``strict=True``: they fail it). Raises as
+    :func:`~integrity_fs.verify`, and ``FileExistsError`` when ``dest`` exists and is not an empty
+    directory (or is a symbolic link). Staging directories that a killed download to the same
+    ``dest`` left behind are removed first.
+    """
+    target = _local_path(dest, "dest")
+    _check_dest(target)
+    src = _Side(*storage.resolve(url, storage_options, fs))
+    raw, manifest = _load_manifest(src)
+    plan = core.plan_verification(manifest, storage.list_files(src.fs, src.root), strict=strict)
+    if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything
+        raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), src.location)
+    parent, name = os.path.split(target)
+    created = _makedirs(parent)
+    _remove_stale_staging(parent, name)
+    staging = os.path.join(parent, f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}")
+    try:
+        os.mkdir(staging)  # not mkdtemp: dest gets the usual permissions once renamed
+        dst = _Side(storage.local_filesystem(), staging)
+        report = _verified_copy(src, dst, manifest, plan, max_workers, callback)
+        with open(os.path.join(staging, MANIFEST_FILENAME), "wb") as f:
+            f.write(raw)
+        os.rename(staging, target)  # replaces an empty directory in one step
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
+    return report
+
+
+def upload(
+    src: str | os.PathLike[str],
+    url: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    algorithm: str = DEFAULT_ALGORITHM,
+    granularity: str = DEFAULT_GRANULARITY,
+    chunk_size: int | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+    overwrite: bool = False,
+) -> Manifest:
+    """Copy the local directory ``src`` to ``url``, each byte read once; the manifest is written last.
+
+    A sealed ``src`` is checked against its own manifest on the way, only the files it lists are
+    sent, and that manifest is written unchanged (a damaged ``src`` raises ``IntegrityError`` and
+    no manifest is written at ``url``); the seal options must then agree with it or be left at
+    their defaults. An unsealed ``src`` is sealed from exactly the bytes sent. ``FileExistsError``
+    when ``url`` holds a manifest, unless ``overwrite=True`` (the old manifest is then deleted
+    before any file is sent, so a failed upload leaves ``url`` unsealed, never mis-sealed).
+    """
+    source = _Side(storage.local_filesystem(), _local_path(src, "src"))
+    dst = _Side(*storage.resolve(url, storage_options, fs))
+    if storage.is_local(dst.fs) and _overlaps(source.root, dst.root):
+        raise ValueError(f"src {source.root} and url {dst.location} overlap; upload to a location outside src")
+    listing = storage.list_files(source.fs, source.root)
+    if os.path.lexists(source.path(MANIFEST_FILENAME)):
+        raw, manifest = _load_manifest(source)
+        _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
+        plan = core.plan_verification(manifest, listing)
+        if plan.problems:
+            raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
+        if plan.extra:
+            log.warning(
+                "not uploading %d files that %s/%s does not list: %s",
+                len(plan.extra),
+                source.location,
+                MANIFEST_FILENAME,
+                ", ".join(plan.extra[:5]) + (" ..." if len(plan.extra) > 5 else ""),
+            )
+        _prepare_destination(dst, overwrite)
+        _verified_copy(source, dst, manifest, plan, max_workers, callback)
+    else:
+        chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
+        _prepare_destination(dst, overwrite)
+        copied = _stream(source, dst, listing, algorithm, chunk_size, max_workers, callback)
+        sizes = {name: c.size for name, c in sorted(copied.items())}
+        digests = _unit_digests(granularity, chunk_size, copied)
+        manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
+        raw = manifest.to_json()
+    storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
+    return manifest
+
+
+def copy(
+    src: URL,
+    dst: URL,
+    *,
+    src_options: dict[str, Any] | None = None,
+    dst_options: dict[str, Any] | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+    overwrite: bool = False,
+) -> Report:
+    """Copy the sealed checkpoint at ``src`` to ``dst`` (any fsspec URLs), verifying each file as it streams.
+
+    The same manifest bytes are written at ``dst`` last, and only when every file matched; files
+    the manifest does not list are not copied. Raises as :func:`~integrity_fs.verify` (about
+    ``src``), and ``FileExistsError`` when ``dst`` holds a manifest, unless ``overwrite=True``.
+    """
+    source = _Side(*storage.resolve(src, src_options))
+    target = _Side(*storage.resolve(dst, dst_options))
+    if _overlaps_on(source, target):
+        raise ValueError(f"src {source.location} and dst {target.location} overlap; copy to a location outside src")
+    raw, manifest = _load_manifest(source)
+    plan = core.plan_verification(manifest, storage.list_files(source.fs, source.root))
+    if plan.problems:
+        raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
+    _prepare_destination(target, overwrite)
+    report = _verified_copy(source, target, manifest, plan, max_workers, callback)
+    storage.write_atomic(target.fs, target.path(MANIFEST_FILENAME), raw)
+    return report
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def _verified_copy(
+    src: _Side,
+    dst: _Side,
+    manifest: Manifest,
+    plan: core.VerificationPlan,
+    max_workers: int | None,
+    callback: Callback | None,
+) -> Report:
+    """Stream the files of ``plan`` from ``src`` to ``dst`` and compare them with ``manifest``;
+    ``IntegrityError`` (about ``src``) if any differs."""
+    chunk_size = manifest.chunk_size if manifest.granularity == "chunk" else None
+    copied = _stream(src, dst, plan.sizes, manifest.algorithm, chunk_size, max_workers, callback)
+    resized = tuple(
+        Problem(name, "size", expected=expected, actual=copied[name].size)
+        for name, expected in plan.sizes.items()
+        if copied[name].size != expected
+    )
+    whole = {name: c for name, c in copied.items() if name not in {p.path for p in resized}}
+    digests = _unit_digests(manifest.granularity, chunk_size, whole)
+    streamed = dataclasses.replace(
+        plan,
+        problems=plan.problems + resized,
+        sizes={name: c.size for name, c in whole.items()},
+        units=tuple(digests),
+    )
+    report = core.finish_verification(manifest, streamed, digests)
+    if not report.ok:
+        raise IntegrityError(report, src.location)
+    return report
+
+
+def _stream(
+    src: _Side,
+    dst: _Side,
+    sizes: Mapping[str, int],
+    algorithm: str,
+    chunk_size: int | None,
+    max_workers: int | None,
+    callback: Callback | None,
+) -> dict[str, _Copied]:
+    """Copy every file named in ``sizes``, hashing the same bytes as they pass; one progress total."""
+    if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
+        raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
+    workers = max_workers or max(core.default_workers(src.fs), core.default_workers(dst.fs))
+    progress = core.progress_fn(callback, sum(sizes.values()))
+
+    def one(name: str) -> _Copied:
+        digest = StreamDigest(algorithm, chunk_size)
+        with (
+            storage.storage_errors(f"copying {storage.join(src.location, name)} to {dst.location}"),
+            storage.open_read(src.fs, src.path(name)) as reader,
+            storage.open_write(dst.fs, dst.path(name)) as writer,
+        ):
+            _pump(reader, writer, digest, progress)
+        return _Copied(digest.size, digest.digests())
+
+    return core.run_parallel(one, sorted(sizes, key=lambda n: -sizes[n]), workers)
+
+
+def _pump(reader: IO[bytes], writer: IO[bytes], digest: StreamDigest, progress: storage.ProgressFn) -> None:
+    """Every byte of ``reader`` (to its end, so a file that grew shows it) into ``writer`` and ``digest``."""
+    while block := reader.read(COPY_BLOCK_SIZE):
+        writer.write(block)
+        digest.update(block)
+        progress(len(block))
+
+
+def _unit_digests(granularity: str, chunk_size: int | None, copied: Mapping[str, _Copied]) -> dict[Unit, str | None]:
+    """The digest of every hashing unit (as ``core`` plans them) of the copied files."""
+    sizes = {name: c.size for name, c in sorted(copied.items())}
+    return {u: copied[u.name].unit_digests[u.index] for u in plan_units(granularity, sizes, chunk_size)}
+
+
+# --------------------------------------------------------------------------- checks and helpers
+
+
+def _load_manifest(side: _Side) -> tuple[bytes, Manifest]:
+    """The manifest's exact bytes (copied unchanged) and its parsed form."""
+    try:
+        raw = storage.read_file(side.fs, storage.join(side.root, MANIFEST_FILENAME))
+    except OSError:
+        core.load_manifest(side.fs, side.root)  # raises the library's error for this case (not found, ...)
+        raise
+    try:
+        return raw, Manifest.from_json(raw)
+    except ManifestError as exc:
+        raise ManifestError(f"{side.location}/{MANIFEST_FILENAME}: {exc}") from exc
+
+
+def _check_options_agree(
+    manifest: Manifest, algorithm: str, granularity: str, chunk_size: int | None, location: str
+) -> None:
+    """A sealed source keeps its manifest: seal options that ask for another one are an error, not ignored."""
+    wanted = {"algorithm": (algorithm, DEFAULT_ALGORITHM), "granularity": (granularity, DEFAULT_GRANULARITY)}
+    for key, (value, default) in wanted.items():
+        if value != default and value != getattr(manifest, key):
+            raise ValueError(
+                f"{location} is sealed with {key} {getattr(manifest, key)!r}, and upload sends its manifest "
+                f"unchanged: leave {key} at its default or re-seal the source"
+            )
+    if chunk_size is not None and chunk_size != manifest.chunk_size:
+        raise ValueError(
+            f"{location} is sealed with chunk_size {manifest.chunk_size}, and upload sends its manifest "
+            "unchanged: leave chunk_size unset or re-seal the source"
+        )
+
+
+def _prepare_destination(dst: _Side, overwrite: bool) -> None:
+    """Refuse a sealed destination, or (``overwrite``) unseal it before any file is sent."""
+    path = dst.path(MANIFEST_FILENAME)
+    if not storage.exists(dst.fs, path):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{dst.location} already holds a sealed checkpoint ({MANIFEST_FILENAME})")
+    storage.remove_file(dst.fs, path)
+
+
+def _local_path(path: str | os.PathLike[str], what: str) -> str:
+    """``path`` as an absolute local path (``file://`` accepted); a remote URL is a ``ValueError``."""
+    text = os.fspath(path)
+    if "://" in text:
+        if not text.startswith("file://"):
+            raise ValueError(f"{what} must be a local path, not {text!r}")
+        text = text[len("file://") :]
+    if not text:
+        raise ValueError(f"{what} is empty")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _check_dest(dest: str) -> None:
+    if os.path.islink(dest):  # its target would be checked, but the link itself replaced
+        raise FileExistsError(f"{dest} is a symbolic link; download into the directory it points to, or a new path")
+    if os.path.lexists(dest) and not (os.path.isdir(dest) and not os.listdir(dest)):
+        raise FileExistsError(f"{dest} already exists and is not an empty directory")
+
+
+def _makedirs(directory: str) -> list[str]:
+    """Create ``directory`` and missing parents; returns the ones created, outermost first."""
+    missing: list[str] = []
+    while not os.path.isdir(directory) and directory not in missing:
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    created: list[str] = []
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+            created.append(path)
+    return created
+
+
+def _host() -> str:
+    return socket.gethostname().replace("/", "_") or "localhost"
+
+
+def _remove_stale_staging(parent: str, name: str) -> None:
+    """Delete staging directories for the same ``dest`` whose download process (on this host) is gone."""
+    prefix = f".{name}{STAGING_MARK}"
+    with contextlib.suppress(OSError):
+        entries = [e for e in os.scandir(parent) if e.name.startswith(prefix)]
+        for entry in entries:
+            pid_text, _, rest = entry.name[len(prefix) :].partition("-")
+            host = rest.partition("-")[2]
+            if not pid_text.isdigit() or host != _host() or _alive(int(pid_text)):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                log.info("removing %s, left by an interrupted download", entry.path)
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _overlaps(a: str, b: str) -> bool:
+    a, b = os.path.realpath(a), os.path.realpath(b)
+    return os.path.commonpath([a, b]) in (a, b)
+
+
+def _overlaps_on(a: _Side, b: _Side) -> bool:
+    if storage.is_local(a.fs) and storage.is_local(b.fs):
+        return _overlaps(a.root, b.root)
+    if a.fs is not b.fs:  # fsspec caches instances: another instance is another store or account
+        return False
+    ra, rb = a.root.rstrip("/") + "/", b.root.rstrip("/") + "/"
+    return ra.startswith(rb) or rb.startswith(ra)

@@ -1,0 +1,286 @@
+"""download, upload and copy through the public API, on S3 (moto), GCS (emulator) and local disks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Backend
+from fsspec.callbacks import Callback
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError
+from integrity_fs.transfer import STAGING_MARK
+
+FILES = {
+    "model.bin": random.Random(1).randbytes(300_000),
+    "optim.bin": random.Random(2).randbytes(70_001),
+    "sub/meta.json": b'{"step": 1000}\n',
+    "empty": b"",
+}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root``: POSIX name -> bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    """A local, unsealed checkpoint."""
+    root = tmp_path / "src" / "step_1000"
+    for name, data in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def remote(request: pytest.FixtureRequest) -> Backend:
+    backend: Backend = request.getfixturevalue(f"{request.param}_backend")
+    return backend
+
+
+def uploaded(src: Path, remote: Backend, **kw: object) -> ifs.Manifest:
+    return ifs.upload(src, remote.url, storage_options=remote.storage_options, **kw)  # type: ignore[arg-type]
+
+
+class Recorder(Callback):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int | None] = []
+        self.done = 0
+
+    def set_size(self, size: int | None) -> None:
+        self.sizes.append(size)
+
+    def relative_update(self, inc: int = 1) -> None:
+        self.done += inc
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_upload_seals_what_a_local_seal_would_and_download_brings_it_back(
+    src: Path, remote: Backend, tmp_path: Path
+) -> None:
+    up = Recorder()
+    manifest = uploaded(src, remote, callback=up)
+    assert up.sizes == [sum(map(len, FILES.values()))] and up.done == up.sizes[0]  # manifest not counted
+    assert manifest == ifs.seal(src)  # a seal of the same files gives the same manifest
+    assert ifs.verify(remote.url, storage_options=remote.storage_options).files_checked == len(FILES)
+
+    down = Recorder()
+    dest = tmp_path / "out" / "step_1000"
+    report = ifs.download(remote.url, dest, storage_options=remote.storage_options, callback=down)
+    assert report.ok and report.files_checked == len(FILES) and report.bytes_checked == up.done
+    assert down.sizes == up.sizes and down.done == up.done
+    assert tree(dest) == tree(src)  # files and the manifest, byte for byte
+    assert sorted(os.listdir(dest.parent)) == ["step_1000"]  # no staging directory left
+
+
+def test_upload_of_a_sealed_source_checks_it_and_writes_its_manifest_unchanged(src: Path, s3_backend: Backend) -> None:
+    ifs.seal(src, granularity="chunk", chunk_size=65536)
+    (src / MANIFEST_FILENAME).write_bytes(b" " + (src / MANIFEST_FILENAME).read_bytes())  # not canonical
+    (src / "scratch.txt").write_bytes(b"not in the manifest")
+    manifest = uploaded(src, s3_backend)
+    assert manifest.granularity == "chunk" and manifest.chunk_size == 65536
+    assert s3_backend.read(MANIFEST_FILENAME) == (src / MANIFEST_FILENAME).read_bytes()
+    assert "scratch.txt" not in s3_backend.listdir()  # only what the manifest vouches for is sent
+    ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options, strict=True)
+
+
+def test_upload_of_a_damaged_sealed_source_raises_and_writes_no_manifest(src: Path, s3_backend: Backend) -> None:
+    ifs.seal(src)
+    data = bytearray((src / "optim.bin").read_bytes())
+    data[70_000] ^= 1
+    (src / "optim.bin").write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="optim.bin") as info:
+        uploaded(src, s3_backend)
+    assert [(p.path, p.kind) for p in info.value.report.problems] == [("optim.bin", "mismatch")]
+    assert MANIFEST_FILENAME not in s3_backend.listdir()  # the damage is not laundered into a seal
+
+
+def test_upload_of_a_sealed_source_refuses_other_seal_options(src: Path, s3_backend: Backend) -> None:
+    ifs.seal(src)
+    with pytest.raises(ValueError, match="granularity"):
+        uploaded(src, s3_backend, granularity="chunk")
+    assert s3_backend.listdir() == []
+
+
+def test_copy_s3_to_gcs_writes_the_same_manifest_bytes(src: Path, s3_backend: Backend, gcs_backend: Backend) -> None:
+    uploaded(src, s3_backend, granularity="chunk", chunk_size=100_000)
+    seen = Recorder()
+    report = ifs.copy(
+        s3_backend.url,
+        gcs_backend.url,
+        src_options=s3_backend.storage_options,
+        dst_options=gcs_backend.storage_options,
+        callback=seen,
+    )
+    assert report.ok and report.files_checked == len(FILES) and seen.done == sum(map(len, FILES.values()))
+    assert gcs_backend.read(MANIFEST_FILENAME) == s3_backend.read(MANIFEST_FILENAME)
+    ifs.verify(gcs_backend.url, storage_options=gcs_backend.storage_options, strict=True)
+
+
+def test_copy_local_to_local(src: Path, tmp_path: Path) -> None:
+    ifs.seal(src)
+    (src / "scratch.txt").write_bytes(b"x")
+    report = ifs.copy(src, tmp_path / "copy")
+    assert report.extra == ("scratch.txt",)
+    assert tree(tmp_path / "copy") == {k: v for k, v in tree(src).items() if k != "scratch.txt"}
+
+
+# --------------------------------------------------------------------------- damage on the way
+
+
+def test_download_of_a_corrupted_object_raises_and_leaves_nothing(src: Path, remote: Backend, tmp_path: Path) -> None:
+    uploaded(src, remote)
+    remote.corrupt("model.bin", offset=123_456)
+    dest = tmp_path / "out" / "step_1000"
+    with pytest.raises(IntegrityError, match="model.bin"):
+        ifs.download(remote.url, dest, storage_options=remote.storage_options)
+    assert not (tmp_path / "out").exists()  # not dest, no staging, not even the parent it created
+
+
+def test_download_of_a_file_that_changed_size_is_refused_before_any_copy(
+    src: Path, s3_backend: Backend, tmp_path: Path
+) -> None:
+    uploaded(src, s3_backend)
+    s3_backend.write("optim.bin", FILES["optim.bin"] + b"!")
+    seen = Recorder()
+    with pytest.raises(IntegrityError, match="optim.bin: size"):
+        ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, callback=seen)
+    assert seen.done == 0 and os.listdir(tmp_path) == ["src"]
+
+
+def test_copy_of_a_corrupted_source_writes_no_manifest(src: Path, s3_backend: Backend, gcs_backend: Backend) -> None:
+    uploaded(src, s3_backend)
+    s3_backend.corrupt("sub/meta.json")
+    with pytest.raises(IntegrityError, match="sub/meta.json"):
+        ifs.copy(
+            s3_backend.url,
+            gcs_backend.url,
+            src_options=s3_backend.storage_options,
+            dst_options=gcs_backend.storage_options,
+        )
+    assert MANIFEST_FILENAME not in gcs_backend.listdir()
+
+
+def test_unsealed_source_is_manifest_not_found_and_nothing_is_written(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(ManifestNotFoundError):
+        ifs.download(src, tmp_path / "d")
+    with pytest.raises(ManifestNotFoundError):
+        ifs.copy(src, tmp_path / "c")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+# --------------------------------------------------------------------------- refusals and dest rules
+
+
+def test_upload_and_copy_refuse_a_sealed_destination_unless_overwrite(src: Path, s3_backend: Backend) -> None:
+    uploaded(src, s3_backend)
+    with pytest.raises(FileExistsError, match="already holds a sealed checkpoint"):
+        uploaded(src, s3_backend)
+    ifs.seal(src)
+    with pytest.raises(FileExistsError):
+        ifs.copy(src, s3_backend.url, dst_options=s3_backend.storage_options)
+    (src / MANIFEST_FILENAME).unlink()
+    (src / "model.bin").write_bytes(b"new weights")
+    manifest = uploaded(src, s3_backend, overwrite=True)
+    assert manifest.sizes is not None and manifest.sizes["model.bin"] == len(b"new weights")
+    ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options)
+
+
+def test_failed_overwrite_leaves_the_destination_unsealed(src: Path, s3_backend: Backend) -> None:
+    uploaded(src, s3_backend)
+    ifs.seal(src)
+    (src / "optim.bin").write_bytes(b"X" + FILES["optim.bin"][1:])
+    with pytest.raises(IntegrityError):
+        uploaded(src, s3_backend, overwrite=True)
+    with pytest.raises(ManifestNotFoundError):  # never the old manifest over a mix of old and new files
+        ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options)
+
+
+@pytest.mark.parametrize("kind", ["non-empty dir", "file", "symlink to empty dir", "dangling symlink"])
+def test_download_refuses_an_occupied_dest_and_leaves_it_alone(src: Path, tmp_path: Path, kind: str) -> None:
+    ifs.seal(src)
+    dest = tmp_path / "dest"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    if kind == "non-empty dir":
+        dest.mkdir()
+        (dest / "keep.txt").write_text("mine")
+    elif kind == "file":
+        dest.write_text("mine")
+    elif kind == "symlink to empty dir":
+        dest.symlink_to(empty)
+    else:
+        dest.symlink_to(tmp_path / "nowhere")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(FileExistsError):
+        ifs.download(src, dest)
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(empty) == []
+    if kind == "non-empty dir":
+        assert os.listdir(dest) == ["keep.txt"]
+
+
+def test_download_into_an_empty_dir_fills_it_or_leaves_it_empty(src: Path, tmp_path: Path) -> None:
+    ifs.seal(src)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (src / "model.bin").write_bytes(b"X" + FILES["model.bin"][1:])
+    with pytest.raises(IntegrityError):
+        ifs.download(src, dest)
+    assert os.listdir(dest) == [] and sorted(os.listdir(tmp_path)) == ["dest", "src"]
+    (src / "model.bin").write_bytes(FILES["model.bin"])
+    ifs.download(src, dest)
+    assert tree(dest) == tree(src)
+
+
+def test_stale_staging_of_a_killed_download_is_removed_by_the_next(src: Path, tmp_path: Path) -> None:
+    ifs.seal(src)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    stale = tmp_path / f".dest{STAGING_MARK}{int(dead.stdout)}-0123456789ab-{host}"
+    live = tmp_path / f".dest{STAGING_MARK}{os.getpid()}-0123456789ab-{host}"  # a download still running
+    other = tmp_path / f".other{STAGING_MARK}{int(dead.stdout)}-0123456789ab-{host}"  # another DEST's
+    for d in (stale, live, other):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "partial.bin").write_bytes(b"half")
+    ifs.download(src, tmp_path / "dest")
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_strict_download_fails_on_files_the_manifest_does_not_list(
+    src: Path, s3_backend: Backend, tmp_path: Path
+) -> None:
+    uploaded(src, s3_backend)
+    s3_backend.write("stray.bin", b"stray")
+    with pytest.raises(IntegrityError, match="stray.bin: extra"):
+        ifs.download(s3_backend.url, tmp_path / "strict", storage_options=s3_backend.storage_options, strict=True)
+    assert not (tmp_path / "strict").exists()
+    report = ifs.download(s3_backend.url, tmp_path / "lax", storage_options=s3_backend.storage_options)
+    assert report.extra == ("stray.bin",) and not (tmp_path / "lax" / "stray.bin").exists()
+
+
+def test_download_dest_must_be_local(src: Path, s3_backend: Backend) -> None:
+    ifs.seal(src)
+    with pytest.raises(ValueError, match="must be a local path"):
+        ifs.download(src, s3_backend.url)
+
+
+def test_seed_manifest_is_copied_as_written(src: Path, tmp_path: Path) -> None:
+    ifs.seal(src)
+    seed = json.loads((src / MANIFEST_FILENAME).read_bytes())
+    del seed["sizes"]
+    raw = json.dumps(seed).encode()  # one line, no sizes: as a seed-era writer might
+    (src / MANIFEST_FILENAME).write_bytes(raw)
+    ifs.download(src, tmp_path / "d")
+    assert (tmp_path / "d" / MANIFEST_FILENAME).read_bytes() == raw
