@@ -625,10 +625,10 @@ def _is_local(error: OSError, args: argparse.Namespace | None) -> bool:
 
 
 def _install_hint(error: ImportError) -> str:
-    text = f"{error.name or ''} {error}"
-    for package, extra in EXTRAS.items():
-        if package in text:
-            return f"install it: pip install 'integrity-fs[{extra}]'"
+    for text in (error.name or "", str(error)):  # the missing module's name first, then the message
+        for package, extra in EXTRAS.items():
+            if package in text:
+                return f"install it: pip install 'integrity-fs[{extra}]'"
     return "install the missing package; the extras are s3, gcs, torch, progress, demo and all"
 
 

@@ -45,7 +45,7 @@ def run(*, max_workers: int | None = None, progress: ProgressFactory = no_progre
         from moto.server import ThreadedMotoServer
     except ImportError as exc:
         raise ImportError(
-            f"the demo needs moto and s3fs ({exc.name} is missing): pip install 'integrity-fs[demo]'",
+            f"the demo needs moto and s3fs, and {exc.name} is missing",
             name=exc.name,
         ) from exc
     # The server accepts any credentials; these keep real ones out of the demo.

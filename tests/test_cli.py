@@ -23,7 +23,7 @@ from conftest import Backend
 
 from integrity_fs import MANIFEST_FILENAME
 from integrity_fs.cli import build_storage_options, main, parse_option
-from integrity_fs.text import short_digest
+from integrity_fs.text import format_bytes, format_work, parse_size, short_digest
 
 TIMEOUT_S = 120
 COMMANDS = ["seal", "verify", "show", "download", "upload", "copy", "demo"]
@@ -461,15 +461,17 @@ def test_demo_catches_the_flipped_byte() -> None:
     assert "refused" in proc.stdout and "Demo complete" in proc.stdout
 
 
-def run_on_terminal(*args: str) -> tuple[int, str]:
-    """Run the CLI with stderr on a pseudo-terminal; returns the exit code and what the terminal got."""
+def run_on_terminal(*args: str, code: str = "") -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal; returns the exit code and what the terminal got.
+
+    ``code`` runs first in the same interpreter (to hide a package, say)."""
     pty = pytest.importorskip("pty")
     fcntl = pytest.importorskip("fcntl")
     termios = pytest.importorskip("termios")
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
     proc = subprocess.Popen(
-        [sys.executable, "-m", "integrity_fs", *args],
+        [sys.executable, "-c", f"{code}\nimport runpy; runpy.run_module('integrity_fs', run_name='__main__')", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=terminal,
@@ -500,3 +502,165 @@ def test_progress_bar_only_on_a_terminal(sealed: Path) -> None:
 
     code, terminal = run_on_terminal("verify", str(sealed), "--no-progress")
     assert code == 0 and "\r" not in terminal
+
+
+def test_without_tqdm_a_terminal_gets_no_noise(sealed: Path) -> None:
+    """Issue 11: a half-built TqdmCallback printed 'Exception ignored in ... __del__' on every command."""
+    code, terminal = run_on_terminal("verify", str(sealed), code="import sys; sys.modules['tqdm'] = None")
+    assert code == 0 and terminal == ""
+
+
+# --------------------------------------------------------------------------- what a new user meets
+
+
+def stderr_pair(proc: Result | subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    """The two stderr lines every error prints: what failed, then the hint."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: ")]
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("integrity-fs: error: ") and lines[1].startswith("integrity-fs: hint: ")
+    return lines[0], lines[1]
+
+
+@pytest.mark.parametrize("args", [["-o", "noequals"], ["--workers", "0"], ["--bogus"]])
+def test_json_argument_errors_print_one_json_object(sealed: Path, args: list[str]) -> None:
+    proc = cli("verify", str(sealed), "--json", *args)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout) == {"url": None, "ok": False, "exit_code": 2, "error": stderr_pair(proc)[0][21:]}
+    assert "help" in stderr_pair(proc)[1]
+
+
+def test_a_missing_path_is_a_path_problem_not_an_unsealed_checkpoint(tmp_path: Path) -> None:
+    for target in (tmp_path / "typo", tmp_path / "a-file"):
+        if target.name == "a-file":
+            target.write_text("x")
+        proc = cli("seal", str(target))
+        assert proc.returncode == 4
+        error, hint = stderr_pair(proc)
+        assert str(target) in error and "check the path" in hint and "seal" not in hint and "credential" not in hint
+
+
+def test_library_file_not_found_maps_to_exit_4_with_a_path_hint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 10 item 15: once verify raises FileNotFoundError for a missing root, the CLI says so."""
+
+    def missing(url: str, **kw: object) -> None:
+        raise FileNotFoundError(f"no checkpoint at {url}")
+
+    monkeypatch.setattr("integrity_fs.cli.verify", missing)
+    proc = cli("verify", str(tmp_path / "typo"))
+    assert proc.returncode == 4 and "check the path" in stderr_pair(proc)[1]
+    remote = cli("verify", "s3://bucket/typo")
+    assert remote.returncode == 4 and "bucket and prefix" in stderr_pair(remote)[1]
+
+
+def test_strict_failure_hints_at_the_extra_files_not_a_restore(sealed: Path) -> None:
+    (sealed / "extra.bin").write_bytes(b"x")
+    hint = stderr_pair(cli("verify", str(sealed), "--strict"))[1]
+    assert "not in the manifest" in hint and "restore" not in hint
+
+
+def test_refusals_exit_2_with_a_hint(sealed: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    proc = cli("download", str(sealed), str(dest))
+    assert proc.returncode == 2 and "choose a new DEST" in stderr_pair(proc)[1]
+    target = tmp_path / "up"
+    assert cli("upload", str(sealed), str(target)).returncode == 0
+    again = cli("upload", str(sealed), str(target))
+    assert again.returncode == 2 and "--force" in stderr_pair(again)[1]
+    assert cli("upload", str(sealed), str(target), "--force").returncode == 0
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "empty", target_is_directory=True)
+    (tmp_path / "empty").mkdir()
+    assert cli("download", str(sealed), str(link)).returncode == 2 and (tmp_path / "empty").is_dir()
+
+
+def test_disk_full_gets_a_disk_hint(monkeypatch: pytest.MonkeyPatch, sealed: Path, tmp_path: Path) -> None:
+    def full(*args: object, **kw: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "d" / "model.bin"))
+
+    monkeypatch.setattr("integrity_fs.transfer.download", full)
+    proc = cli("download", str(sealed), str(tmp_path / "d"))
+    assert proc.returncode == 4 and "disk is full" in stderr_pair(proc)[1]
+
+
+def test_missing_backend_says_which_extra_to_install() -> None:
+    proc = cli_process("verify", "s3://bucket/x", code="import sys; sys.modules['s3fs'] = None")
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'integrity-fs[s3]'" in stderr_pair(proc)[1]
+
+
+def test_demo_without_its_dependencies_says_what_to_install() -> None:
+    proc = cli_process("demo", code="import sys; sys.modules['moto'] = None; sys.modules['moto.server'] = None")
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'integrity-fs[demo]'" in stderr_pair(proc)[1]
+
+
+def test_custom_gcs_endpoint_does_not_stall(gcs_backend: Backend, gcs_endpoint: str, tmp_path: Path) -> None:
+    """Without GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false, gcsfs probes each bucket over gRPC (45-90 s here)."""
+    (tmp_path / "a.bin").write_bytes(b"a")
+    env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
+    options = ["-o", f"endpoint_url={gcs_endpoint}", "-o", "token=anon"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "integrity_fs", "upload", str(tmp_path), gcs_backend.url, *options],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        *[("64MiB", 64 * 2**20), ("64Mi", 64 * 2**20), ("64M", 64 * 2**20), ("64MB", 64 * 10**6), ("1kB", 1000)],
+        *[("1 KiB", 1024), ("5", 5), ("2GB", 2 * 10**9), ("1g", 2**30)],
+    ],
+)
+def test_chunk_sizes_mean_what_they_say(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_seal_chunk_size_in_decimal_units(ckpt: Path) -> None:
+    assert cli("seal", str(ckpt), "--chunk-size", "64kB").returncode == 0
+    assert manifest_of(ckpt)["chunk_size"] == 64_000
+
+
+@pytest.mark.parametrize("text", ["0", "lots", "64XB", "-1M", "1.5M"])
+def test_bad_chunk_sizes_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_sizes_print_in_binary_units() -> None:
+    assert [format_bytes(n) for n in (5, 1536, 64 * 2**20, 3 * 2**40)] == ["5 B", "1.5 KiB", "64.0 MiB", "3.0 TiB"]
+    assert format_work(1, 10, 0.001) == "1 file, 10 B in 0.00 s"  # no rate from a time that rounds to zero
+    assert format_work(2, 3 * 2**20, 0.5) == "2 files, 3.0 MiB in 0.50 s at 6.0 MiB/s"
+
+
+def test_texts_read_as_english(sealed: Path) -> None:
+    (sealed / "extra.bin").write_bytes(b"x")
+    assert "1 file is not in the manifest and was not checked" in cli("verify", str(sealed)).stdout
+    (sealed / "optim.bin").write_bytes(b"short")
+    quick = cli("verify", str(sealed), "--quick").stdout.splitlines()[0]
+    assert quick.startswith("FAILED") and not re.search(r"\([^)]*\(", quick)  # no nested parentheses
+    assert "MB/s" not in cli("seal", str(sealed / "sub")).stdout
+
+
+@pytest.mark.parametrize(("command", "ignored"), [("show", ["--workers", "--no-progress"]), ("demo", ["--option"])])
+def test_help_lists_no_option_the_command_ignores(command: str, ignored: list[str]) -> None:
+    out = cli(command, "--help").stdout
+    assert not [option for option in ignored if option in out]
+
+
+def test_copy_between_urls(sealed: Path, s3: tuple[Backend, list[str]], tmp_path: Path) -> None:
+    backend, options = s3
+    assert cli("upload", str(sealed), f"{backend.url}/copy-src", "--dst-o", "x=1", *options).returncode == 2
+    assert cli("upload", str(sealed), f"{backend.url}/copy-src", *options).returncode == 0
+    proc = cli("copy", f"{backend.url}/copy-src", str(tmp_path / "copied"), "--src-o", options[1])
+    assert proc.returncode == 0, proc.stderr
+    assert "copied and verified" in proc.stdout
+    assert cli("verify", str(tmp_path / "copied"), "--strict").returncode == 0
