@@ -65,10 +65,12 @@ class Backend:
         return sorted(p[len(prefix) :] for p in self.fs.find(self.root))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free right now, for servers that cannot bind port 0 themselves (prefer port 0: no race)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @pytest.fixture(scope="session")
@@ -76,10 +78,10 @@ def s3_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     # moto's in-process mock_aws does not intercept aiobotocore (s3fs): use a real local server.
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    host, port = server.get_host_and_port()  # the port the OS gave: no race with other processes
+    endpoint = f"http://{host}:{port}"
     # No region_name in client_kwargs: with one, bucket creation fails against moto.
     fs = fsspec.filesystem("s3", **_s3_options(endpoint))
     fs.mkdir(BUCKET)
@@ -92,9 +94,9 @@ def s3_endpoint() -> Iterator[str]:
 def gcs_endpoint() -> Iterator[str]:
     from gcp_storage_emulator.server import create_server
 
-    port = _free_port()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
     server.start()
+    port = server._api._httpd.server_address[1]  # bound to port 0; the emulator has no public getter
     endpoint = f"http://127.0.0.1:{port}"
     fsspec.filesystem("gcs", **_gcs_options(endpoint)).invalidate_cache()
     yield endpoint

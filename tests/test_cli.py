@@ -664,3 +664,20 @@ def test_copy_between_urls(sealed: Path, s3: tuple[Backend, list[str]], tmp_path
     assert proc.returncode == 0, proc.stderr
     assert "copied and verified" in proc.stdout
     assert cli("verify", str(tmp_path / "copied"), "--strict").returncode == 0
+
+
+def test_readme_failure_sample_is_what_the_cli_prints(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    sample = readme.split("$ integrity-fs verify /data/step_1000\n", 1)[1].split("```", 1)[0].splitlines()
+    root = tmp_path / "step_1000"
+    root.mkdir()
+    (root / "model.pt").write_bytes(random.Random(3).randbytes(3 * 2**20))
+    assert cli("seal", str(root), "--chunk-size", "1MiB").returncode == 0
+    flip(root / "model.pt", 2**20 + 5)
+    proc = cli("verify", str(root))
+    assert proc.returncode == 1
+
+    def shape(lines: list[str]) -> list[str]:
+        return [re.sub(r"[0-9a-f]{8}…[0-9a-f]{8}", "<digest>", line.replace(str(tmp_path), "/data")) for line in lines]
+
+    assert shape(proc.stdout.splitlines() + proc.stderr.splitlines()) == shape(sample)
