@@ -539,14 +539,6 @@ def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
         fs.rm_file(path)
 
 
-def open_write(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    """A binary writer for ``path``, creating local parent directories (object stores have none)."""
-    if is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "wb")
-    return fs.open(path, "wb")
-
-
 def makedirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Create the directory ``path`` and its parents where the filesystem has directories."""
     with storage_errors(f"creating {path}"):

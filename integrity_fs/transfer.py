@@ -24,7 +24,7 @@ from fsspec.callbacks import Callback
 from . import core, storage
 from .core import URL
 from .errors import IntegrityError, ManifestError
-from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, StreamDigest, Unit, plan_units
+from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
 from .report import Problem, Report
 
@@ -157,7 +157,7 @@ def upload(
     else:
         chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
         _prepare_destination(dst, overwrite)
-        copied = _stream(source, dst, listing, algorithm, chunk_size, max_workers, callback)
+        copied = _stream(source, dst, listing, algorithm, granularity, chunk_size, max_workers, callback)
         sizes = {name: c.size for name, c in sorted(copied.items())}
         digests = _unit_digests(granularity, chunk_size, copied)
         manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
@@ -210,7 +210,7 @@ def _verified_copy(
     """Stream the files of ``plan`` from ``src`` to ``dst`` and compare them with ``manifest``;
     ``IntegrityError`` (about ``src``) if any differs."""
     chunk_size = manifest.chunk_size if manifest.granularity == "chunk" else None
-    copied = _stream(src, dst, plan.sizes, manifest.algorithm, chunk_size, max_workers, callback)
+    copied = _stream(src, dst, plan.sizes, manifest.algorithm, manifest.granularity, chunk_size, max_workers, callback)
     resized = tuple(
         Problem(name, "size", expected=expected, actual=copied[name].size)
         for name, expected in plan.sizes.items()
@@ -235,34 +235,46 @@ def _stream(
     dst: _Side,
     sizes: Mapping[str, int],
     algorithm: str,
+    granularity: str,
     chunk_size: int | None,
     max_workers: int | None,
     callback: Callback | None,
 ) -> dict[str, _Copied]:
-    """Copy every file named in ``sizes``, hashing the same bytes as they pass; one progress total."""
+    """Copy every file named in ``sizes``, hashing the same bytes as they pass; one progress total.
+
+    Writes go through ``storage.SealingWriter``: on S3 they carry the SHA-256 checksums that make
+    the copy attestable (``verify(attested=True)``).
+    """
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
     workers = max_workers or max(core.default_workers(src.fs), core.default_workers(dst.fs))
     progress = core.progress_fn(callback, sum(sizes.values()))
 
     def one(name: str) -> _Copied:
-        digest = StreamDigest(algorithm, chunk_size)
-        with (
-            storage.storage_errors(f"copying {storage.join(src.location, name)} to {dst.location}"),
-            storage.open_read(src.fs, src.path(name)) as reader,
-            storage.open_write(dst.fs, dst.path(name)) as writer,
-        ):
-            _pump(reader, writer, digest, progress)
-        return _Copied(digest.size, digest.digests())
+        with storage.storage_errors(f"copying {storage.join(src.location, name)} to {dst.location}"):
+            writer = storage.SealingWriter(
+                dst.fs,
+                dst.path(name),
+                algorithm=algorithm,
+                granularity=granularity,
+                chunk_size=chunk_size,
+                size=sizes[name],
+            )
+            try:
+                with storage.open_read(src.fs, src.path(name)) as reader:
+                    _pump(reader, writer, progress)
+                return _Copied(writer.size, writer.close())
+            except BaseException:
+                writer.abort()
+                raise
 
     return core.run_parallel(one, sorted(sizes, key=lambda n: -sizes[n]), workers)
 
 
-def _pump(reader: IO[bytes], writer: IO[bytes], digest: StreamDigest, progress: storage.ProgressFn) -> None:
-    """Every byte of ``reader`` (to its end, so a file that grew shows it) into ``writer`` and ``digest``."""
+def _pump(reader: IO[bytes], writer: storage.SealingWriter, progress: storage.ProgressFn) -> None:
+    """Every byte of ``reader`` (to its end, so a file that grew shows it) into ``writer``."""
     while block := reader.read(COPY_BLOCK_SIZE):
         writer.write(block)
-        digest.update(block)
         progress(len(block))
 
 
