@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,33 +63,39 @@ def test_the_readme_has_the_snippets_it_should() -> None:
         assert block.directive == "" or re.fullmatch(r"s3|ranks=[\d,]+|skip: .+", block.directive), block
 
 
-def run_block(code: str, cwd: Path, env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+def start(code: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
-def run_ranks(code: str, cwd: Path, env: dict[str, str], world_size: int) -> None:
-    init = f"file://{tempfile.mktemp(dir=cwd, prefix='init-')}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK_PRELUDE + code + RANK_EPILOGUE],
-            cwd=cwd,
-            env={**env, "README_INIT": init, "RANK": str(rank), "WORLD_SIZE": str(world_size)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
+def wait_all(procs: dict[str, subprocess.Popen[str]]) -> None:
+    """Wait for every process (they run at once); each must exit 0."""
     try:
-        outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+        outputs = {name: proc.communicate(timeout=TIMEOUT_S)[0] for name, proc in procs.items()}
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.kill()
-    for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
-        assert proc.returncode == 0, f"rank {rank}:\n{out}"
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"{name}:\n{outputs[name]}"
+
+
+def launches(block: Block, cwd: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[str]]:
+    """The processes a block runs as: one, or for ``ranks=1,2`` one alone plus 2 ranks of a gloo group."""
+    if not block.directive.startswith("ranks="):
+        return {"python": start(block.code, cwd, env)}
+    procs = {}
+    for n in (int(x) for x in block.directive[len("ranks=") :].split(",")):
+        run_dir = cwd / f"ranks{n}"
+        run_dir.mkdir()
+        if n == 1:
+            procs["alone"] = start(block.code, run_dir, env)
+            continue
+        init = f"file://{run_dir / 'init'}"
+        for rank in range(n):
+            rank_env = {**env, "README_INIT": init, "RANK": str(rank), "WORLD_SIZE": str(n)}
+            procs[f"rank {rank} of {n}"] = start(RANK_PRELUDE + block.code + RANK_EPILOGUE, run_dir, rank_env)
+    return procs
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
@@ -109,12 +114,4 @@ def test_readme_snippet_runs(block: Block, request: pytest.FixtureRequest, tmp_p
             fs.pipe_file(f"{S3_CHECKPOINT}/{name}", data)
     if block.directive.startswith("ranks="):
         pytest.importorskip("torch")
-        for n in (int(x) for x in block.directive[len("ranks=") :].split(",")):
-            cwd = tmp_path / f"ranks{n}"
-            cwd.mkdir()
-            if n == 1:
-                run_block(block.code, cwd, env)
-            else:
-                run_ranks(block.code, cwd, env, n)
-        return
-    run_block(block.code, tmp_path, env)
+    wait_all(launches(block, tmp_path, env))
