@@ -124,10 +124,7 @@ def join(root: str, name: str) -> str:
 
 def describe(fs: fsspec.AbstractFileSystem, root: str) -> str:
     """A URL for messages: ``s3://bucket/run`` or a plain local path."""
-    if is_local(fs):
-        return root
-    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    return f"{protocol}://{root.lstrip('/') if protocol != 'memory' else root}"
+    return root if is_local(fs) else str(fs.unstrip_protocol(root))
 
 
 #: Keys of an fsspec info dict that change when a file is rewritten, in order of preference.
