@@ -60,7 +60,8 @@ BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
 def test_the_readme_has_the_snippets_it_should() -> None:
     assert len(BLOCKS) >= 5
     for block in BLOCKS:
-        assert block.directive == "" or re.fullmatch(r"s3|ranks=[\d,]+|skip: .+", block.directive), block
+        tokens = r"(s3|ranks=[\d,]+)( (s3|ranks=[\d,]+))*"
+        assert block.directive == "" or re.fullmatch(rf"{tokens}|skip: .+", block.directive), block
 
 
 def start(code: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -80,38 +81,61 @@ def wait_all(procs: dict[str, subprocess.Popen[str]]) -> None:
         assert proc.returncode == 0, f"{name}:\n{outputs[name]}"
 
 
-def launches(block: Block, cwd: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[str]]:
-    """The processes a block runs as: one, or for ``ranks=1,2`` one alone plus 2 ranks of a gloo group."""
-    if not block.directive.startswith("ranks="):
-        return {"python": start(block.code, cwd, env)}
-    procs = {}
-    for n in (int(x) for x in block.directive[len("ranks=") :].split(",")):
-        run_dir = cwd / f"ranks{n}"
-        run_dir.mkdir()
-        if n == 1:
-            procs["alone"] = start(block.code, run_dir, env)
-            continue
-        init = f"file://{run_dir / 'init'}"
-        for rank in range(n):
-            rank_env = {**env, "README_INIT": init, "RANK": str(rank), "WORLD_SIZE": str(n)}
-            procs[f"rank {rank} of {n}"] = start(RANK_PRELUDE + block.code + RANK_EPILOGUE, run_dir, rank_env)
-    return procs
+def needs(block: Block) -> tuple[bool, list[int]]:
+    """``(s3, rank counts)`` from a directive such as ``s3 ranks=1,2`` (no ranks: ``[0]``, a plain run)."""
+    s3, ranks = False, [0]
+    for token in block.directive.split():
+        if token == "s3":
+            s3 = True
+        elif token.startswith("ranks="):
+            ranks = [int(x) for x in token[len("ranks=") :].split(",")]
+    return s3, ranks
+
+
+def launch(code: str, cwd: Path, env: dict[str, str], n: int) -> dict[str, subprocess.Popen[str]]:
+    """``code`` as one process (``n`` 0 or 1), or as the ``n`` ranks of a gloo group (file:// rendezvous)."""
+    if n <= 1:
+        return {"alone": start(code, cwd, env)}
+    init = f"file://{cwd / 'init'}"
+    return {
+        f"rank {rank} of {n}": start(
+            RANK_PRELUDE + code + RANK_EPILOGUE,
+            cwd,
+            {**env, "README_INIT": init, "RANK": str(rank), "WORLD_SIZE": str(n)},
+        )
+        for rank in range(n)
+    }
+
+
+def fresh_bucket(endpoint: str) -> None:
+    """An empty ``bucket`` holding one unsealed checkpoint, for ``s3`` blocks."""
+    fs = fsspec.filesystem("s3", key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint})
+    if fs.exists("bucket"):
+        fs.rm("bucket", recursive=True)
+    fs.mkdir("bucket")
+    for name, data in {"model.pt": os.urandom(100_000), "sub/meta.json": b"{}"}.items():
+        fs.pipe_file(f"{S3_CHECKPOINT}/{name}", data)
+    fs.invalidate_cache()
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_snippet_runs(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if block.directive.startswith("skip:"):
         pytest.skip(block.directive)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
-    if block.directive == "s3":
-        endpoint: str = request.getfixturevalue("s3_endpoint")
-        env["AWS_ENDPOINT_URL"] = endpoint
-        fs = fsspec.filesystem("s3", key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint})
-        if fs.exists("bucket"):
-            fs.rm("bucket", recursive=True)
-        fs.mkdir("bucket")
-        for name, data in {"model.pt": os.urandom(100_000), "sub/meta.json": b"{}"}.items():
-            fs.pipe_file(f"{S3_CHECKPOINT}/{name}", data)
-    if block.directive.startswith("ranks="):
+    s3, ranks = needs(block)
+    if ranks != [0]:
         pytest.importorskip("torch")
-    wait_all(launches(block, tmp_path, env))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    endpoint = request.getfixturevalue("s3_endpoint") if s3 else ""
+    if s3:
+        env["AWS_ENDPOINT_URL"] = endpoint
+    procs: dict[str, subprocess.Popen[str]] = {}
+    for n in ranks:
+        cwd = tmp_path / f"ranks{n}"
+        cwd.mkdir()
+        if s3:  # one bucket: each run in turn, on a fresh one
+            fresh_bucket(endpoint)
+            wait_all(launch(block.code, cwd, env, n))
+        else:  # separate directories: all at once
+            procs.update({f"{name}, ranks={n}": p for name, p in launch(block.code, cwd, env, n).items()})
+    wait_all(procs)
