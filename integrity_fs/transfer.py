@@ -27,6 +27,7 @@ from .errors import IntegrityError, ManifestError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
 from .report import Problem, Report
+from .signing import SIGNATURE_FILENAME
 
 log = logging.getLogger("integrity_fs")
 
@@ -99,6 +100,7 @@ def download(
         os.mkdir(staging)  # not mkdtemp: dest gets the usual permissions once renamed
         dst = _Side(storage.local_filesystem(), staging)
         report = _verified_copy(src, dst, manifest, plan, max_workers, callback)
+        _copy_signature(src, dst)
         with open(os.path.join(staging, MANIFEST_FILENAME), "wb") as f:
             f.write(raw)
         os.rename(staging, target)  # replaces an empty directory in one step
@@ -162,6 +164,7 @@ def upload(
         digests = _unit_digests(granularity, chunk_size, copied)
         manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
         raw = manifest.to_json()
+    _copy_signature(source, dst)
     storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
     return manifest
 
@@ -192,6 +195,7 @@ def copy(
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
     _prepare_destination(target, overwrite)
     report = _verified_copy(source, target, manifest, plan, max_workers, callback)
+    _copy_signature(source, target)
     storage.write_atomic(target.fs, target.path(MANIFEST_FILENAME), raw)
     return report
 
@@ -326,6 +330,14 @@ def _prepare_destination(dst: _Side, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{dst.location} already holds a sealed checkpoint ({MANIFEST_FILENAME})")
     storage.remove_file(dst.fs, path)
+    storage.remove_file(dst.fs, dst.path(SIGNATURE_FILENAME))  # it signed the old content
+
+
+def _copy_signature(src: _Side, dst: _Side) -> None:
+    """Carry ``model.sig`` along, unchanged (``verify(public_key=)`` checks it wherever it lands)."""
+    path = src.path(SIGNATURE_FILENAME)
+    if storage.exists(src.fs, path):
+        storage.write_atomic(dst.fs, dst.path(SIGNATURE_FILENAME), storage.read_file(src.fs, path))
 
 
 def _local_path(path: str | os.PathLike[str], what: str) -> str:

@@ -301,3 +301,27 @@ def test_seed_manifest_is_copied_as_written(src: Path, tmp_path: Path) -> None:
     (src / MANIFEST_FILENAME).write_bytes(raw)
     ifs.download(src, tmp_path / "d")
     assert (tmp_path / "d" / MANIFEST_FILENAME).read_bytes() == raw
+
+
+def test_a_signature_travels_with_the_checkpoint(src: Path, s3_backend: Backend, tmp_path: Path) -> None:
+    """model.sig is not content (never listed), so the transfers carry it themselves."""
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "key.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    ifs.seal(src, private_key=key)
+    uploaded(src, s3_backend)
+    ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options, public_key=str(public))
+    ifs.download(s3_backend.url, tmp_path / "down", storage_options=s3_backend.storage_options)
+    ifs.copy(tmp_path / "down", tmp_path / "copy")
+    for root in (tmp_path / "down", tmp_path / "copy"):
+        ifs.verify(root, public_key=str(public), strict=True)
+    (src / MANIFEST_FILENAME).unlink()
+    (src / ifs.SIGNATURE_FILENAME).unlink()
+    uploaded(src, s3_backend, overwrite=True)  # sealed anew from the bytes sent: the old signature must go
+    assert ifs.SIGNATURE_FILENAME not in s3_backend.listdir()
