@@ -654,7 +654,7 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
     if isinstance(error, FileExistsError):
         hints = {
             "download": "choose a new DEST, or empty that directory first",
-            "seal": "pass --force to re-seal, and only content you trust",
+            "seal": "pass --force to replace the manifest (only for content you trust)",
         }
         return str(error), hints.get(command, "choose another destination, or pass --force to replace its manifest")
     if isinstance(error, (ValueError, TypeError)):

@@ -523,13 +523,6 @@ def local_filesystem() -> fsspec.AbstractFileSystem:
     return fsspec.filesystem("file")
 
 
-def exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
-    """Whether ``path`` exists now, asked of the store (no listing cache filled earlier)."""
-    with storage_errors(f"checking {path}"):
-        fs.invalidate_cache(path)
-        return bool(fs.exists(path))
-
-
 def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Delete one file; one that is already gone is fine."""
     with contextlib.suppress(FileNotFoundError), storage_errors(f"deleting {path}"):
