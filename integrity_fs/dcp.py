@@ -74,6 +74,7 @@ def save(
     granularity: str = DEFAULT_GRANULARITY,
     chunk_size: int | None = None,
     planner: SavePlanner | None = None,
+    private_key: signing.PrivateKey | None = None,
     **writer_options: Any,
 ) -> Manifest:
     """``dcp.save`` to ``url`` (any fsspec URL), sealed while it is written; every rank returns the manifest.
@@ -82,16 +83,34 @@ def save(
     initialised process group). ``writer_options`` go to ``FsspecWriter`` (``thread_count``,
     ``sync_files``, ``single_file_per_rank``, ``overwrite``, ...). A failure on any rank raises
     DCP's ``CheckpointException`` on every rank, and no new manifest is written.
+    With ``private_key`` (a PEM path or a ``cryptography`` EC key; needed on rank 0, the
+    coordinator, and other ranks may pass ``None``), ``model.sig`` is written right after the
+    manifest, from the same digests. The key is loaded before anything is written: a bad one,
+    like any bad option, raises the same exception on every rank. On ``s3://`` the files go up
+    with S3 SHA-256 checksums from the digests computed while writing (see :class:`HashingFsspecWriter`).
     """
-    writer = HashingFsspecWriter(
-        url,
-        algorithm=algorithm,
-        granularity=granularity,
-        chunk_size=chunk_size,
-        **writer_options,
-        **(storage_options or {}),
-    )
     g = distributed._group(process_group)
+
+    def make_writer() -> HashingFsspecWriter:
+        return HashingFsspecWriter(
+            url,
+            algorithm=algorithm,
+            granularity=granularity,
+            chunk_size=chunk_size,
+            private_key=private_key,
+            **writer_options,
+            **(storage_options or {}),
+        )
+
+    if g is None:
+        writer = make_writer()
+    else:
+        call = distributed._Call(g)
+        made = call.attempt(make_writer)
+        failures = distributed._all_gather(g, made if isinstance(made, distributed.Failure) else None)
+        call.raise_first(failures)
+        assert isinstance(made, HashingFsspecWriter)
+        writer = made
     with _single_process_quietly(g is None):
         dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=process_group, no_dist=g is None)
     if g is None:
@@ -165,6 +184,12 @@ class HashingFsspecWriter(FsspecWriter):
     writes the manifest after ``.metadata``; it is then in :attr:`manifest`. No file is read back.
     The manifest lists the files this save wrote: other files already in the directory are
     reported as extra by ``verify`` (and fail ``strict=True``).
+
+    With ``private_key`` (loaded here, before any I/O), the coordinator writes ``model.sig`` right
+    after the manifest, from the same digests. On S3 with SHA-256, each file goes up through a
+    :class:`~integrity_fs.storage.SealingWriter` (``growing=True``) with the digests it computes
+    as S3 checksums, laid out so that ``verify(attested=True)`` reads nothing; elsewhere the
+    stream of the file system is hashed on its way (on helper threads for large writes).
     """
 
     def __init__(
@@ -174,9 +199,14 @@ class HashingFsspecWriter(FsspecWriter):
         algorithm: str = DEFAULT_ALGORITHM,
         granularity: str = DEFAULT_GRANULARITY,
         chunk_size: int | None = None,
+        private_key: signing.PrivateKey | None = None,
         **kwargs: Any,
     ) -> None:
         chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
+        # Kept as PEM bytes: the writer is pickled for DCP's process executor, a key object is not picklable.
+        self._signing_pem: bytes | None = None
+        if private_key is not None:
+            self._signing_pem = _pem(core.load_signing_key(private_key, algorithm, granularity))
         super().__init__(path, **kwargs)
         resolved: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecWriter
         self.hashing_fs = _HashingFileSystem(resolved, algorithm, chunk_size)
@@ -208,7 +238,12 @@ class HashingFsspecWriter(FsspecWriter):
         files += self._written_files()  # .metadata
         manifest = self._build_manifest(files)
         fs, root = storage.resolve(self.path, fs=self.hashing_fs.fs)
+        signature = None
+        if self._signing_pem is not None:
+            signature = signing.sign(manifest, self._signing_pem, core.model_name(root))
         core.write_manifest(fs, root, manifest)
+        if signature is not None:
+            core.write_signature(fs, root, signature)
         self.manifest = manifest
 
     def _written_files(self) -> list[WrittenFile]:
@@ -230,6 +265,14 @@ class HashingFsspecWriter(FsspecWriter):
         return core.build_manifest(self.algorithm, self.granularity, self.chunk_size, sizes, digests)
 
 
+def _pem(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+
+
 def _carrier(file: WrittenFile) -> WriteResult:
     return WriteResult(index=MetadataIndex(_CARRIER + file.name), size_in_bytes=file.size, storage_data=file)
 
@@ -246,6 +289,7 @@ class _HashingFileSystem(_FsspecFileSystem):
         self.fs = fs
         self._algorithm = algorithm
         self._chunk_size = chunk_size
+        self._checksums = storage.SealingWriter.carries_checksums(fs, algorithm)
         self._written: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._lock = threading.Lock()
 
@@ -268,14 +312,35 @@ class _HashingFileSystem(_FsspecFileSystem):
             return
         if "+" in mode or "a" in mode:
             raise ValueError(f"cannot hash a stream opened with mode {mode!r}: only whole writes ('wb') are sealed")
-        with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw, self._algorithm, self._chunk_size)
+        if self._checksums:
+            sealing = _SealingStream(
+                storage.SealingWriter(
+                    self.fs,
+                    os.fspath(path),
+                    algorithm=self._algorithm,
+                    granularity="file" if self._chunk_size is None else "chunk",
+                    chunk_size=self._chunk_size,
+                    growing=True,
+                )
+            )
             try:
-                yield stream
+                yield sealing
             except BaseException:
-                stream.abandon()
+                sealing.abandon()
+                with contextlib.suppress(Exception):
+                    if self.exists(path):
+                        self.rm_file(path)
                 raise
-            size, digests = stream.finish()
+            size, digests = sealing.finish()
+        else:
+            with super().create_stream(path, mode) as raw:
+                stream = _HashingStream(raw, self._algorithm, self._chunk_size)
+                try:
+                    yield stream
+                except BaseException:
+                    stream.abandon()
+                    raise
+                size, digests = stream.finish()
         with self._lock:
             self._written[os.fspath(path)] = (size, digests)
 
@@ -360,6 +425,39 @@ class _HashingStream(io.IOBase):
             if hashing is not None:
                 with contextlib.suppress(Exception):
                     hashing.close()
+
+
+class _SealingStream(io.IOBase):
+    """A write stream into a :class:`~integrity_fs.storage.SealingWriter` (S3 with checksums).
+
+    The writer hashes what it sends (once) and uses the digests as S3 checksums. Writes are fed
+    ``PIECE_BYTES`` at a time, so that it holds at most a part plus a piece.
+    """
+
+    def __init__(self, writer: storage.SealingWriter) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), PIECE_BYTES):
+            self._writer.write(view[start : start + PIECE_BYTES])
+        return len(view)
+
+    def tell(self) -> int:
+        return self._writer.size
+
+    def finish(self) -> tuple[int, tuple[str, ...]]:
+        """Complete the object; its size and unit digests."""
+        digests = self._writer.close()
+        return self._writer.size, digests
+
+    def abandon(self) -> None:
+        """Drop what was sent, as far as the store allows."""
+        self._writer.abort()
 
 
 class _BackgroundDigest:

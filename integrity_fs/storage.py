@@ -398,6 +398,11 @@ class SealingWriter:
     file of one chunk, or of file granularity up to 64 MiB, in one PUT; a larger chunked file in
     parts of exactly ``chunk_size`` bytes. Anything else is written as a plain stream. Such
     writes hold up to one part (``chunk_size``, or 64 MiB) in memory.
+
+    ``growing=True`` is for writers that do not know the size in advance (``dcp.save``): the file
+    is held for one PUT until it outgrows it; then a chunked file goes on in parts of exactly
+    ``chunk_size`` (when S3 allows that part size), anything else as a plain stream. Past 10,000
+    parts the last part takes the rest, with its own SHA-256 (not attestable).
     """
 
     def __init__(
@@ -409,23 +414,37 @@ class SealingWriter:
         granularity: str,
         chunk_size: int | None,
         size: int | None = None,
+        growing: bool = False,
     ) -> None:
         self.path = path
         self._digest = StreamDigest(algorithm, chunk_size if granularity == "chunk" else None)
         self._part_size: int | None = None
-        if algorithm == "sha256" and size is not None and _s3.is_s3(fs):
-            self._part_size = _s3.part_layout(granularity, chunk_size, size)
+        if self.carries_checksums(fs, algorithm):
+            if size is not None:
+                self._part_size = _s3.part_layout(granularity, chunk_size, size)
+            elif growing:
+                self._part_size = 0  # one PUT, until the file outgrows it
         self._buffer = bytearray()
         self._upload: _s3.ChecksummedUpload | None = None
         self._stream: Any = None
         self._fs = fs
         self._single_limit = chunk_size if granularity == "chunk" and chunk_size else _s3.SINGLE_PUT_LIMIT
+        self._grow_into: int | None = None  # the part size a growing file goes on with past one PUT
+        if growing and granularity == "chunk" and chunk_size:
+            self._single_limit = min(chunk_size, _s3.MAX_PART)
+            if _s3.MIN_PART <= chunk_size <= _s3.MAX_PART:
+                self._grow_into = chunk_size
         if self._part_size is not None:
             self._upload = _s3.ChecksummedUpload(fs, path)
         else:
             if is_local(fs):
                 fs.makedirs(fs._parent(path), exist_ok=True)
             self._stream = fs.open(path, "wb")
+
+    @staticmethod
+    def carries_checksums(fs: fsspec.AbstractFileSystem, algorithm: str) -> bool:
+        """True when writes to ``fs`` go up with the store's checksums (S3, SHA-256)."""
+        return algorithm == "sha256" and _s3.is_s3(fs)
 
     @property
     def size(self) -> int:
@@ -439,10 +458,12 @@ class SealingWriter:
         self._buffer += data
         assert self._upload is not None
         if self._part_size == 0 and len(self._buffer) > self._single_limit:
-            self._fall_back_to_stream()  # the file grew past one PUT's layout since it was listed
-            return
+            if self._grow_into is None:
+                self._fall_back_to_stream()  # the file grew past one PUT's layout since it was listed
+                return
+            self._part_size = self._grow_into
         if self._part_size:
-            while len(self._buffer) >= self._part_size:
+            while len(self._buffer) >= self._part_size and len(self._upload._parts) < _s3.MAX_PARTS - 1:
                 index = len(self._upload._parts)  # the chunk this part is: its digest is done
                 done = self._digest.completed()
                 self._upload.part(bytes(memoryview(self._buffer)[: self._part_size]), done[index])
@@ -463,7 +484,9 @@ class SealingWriter:
         assert self._upload is not None
         if self._upload.started:
             if self._buffer:
-                self._upload.part(self._buffer, digests[-1])
+                # The last chunk, unless S3's part limit made the last part take several.
+                last = digests[-1] if len(self._buffer) <= (self._part_size or 0) else _sha256(self._buffer)
+                self._upload.part(self._buffer, last)
             self._upload.complete()
         else:
             self._upload.put(self._buffer, digests[0])
@@ -478,6 +501,12 @@ class SealingWriter:
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 self._stream.close()
+
+
+def _sha256(data: bytes | bytearray | memoryview) -> str:
+    hasher = new_hasher("sha256")
+    hasher.update(data)
+    return hasher.hexdigest()
 
 
 def list_dirs(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
