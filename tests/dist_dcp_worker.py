@@ -25,7 +25,8 @@ from read_counting import reads_under
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, Report, dcp, read_manifest
+import integrity_fs
+from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME, IntegrityError, Manifest, Report, dcp, read_manifest
 
 
 def state(rank: int, *, empty: bool = False) -> dict[str, Any]:
@@ -100,10 +101,48 @@ def async_save_in_a_process(url: str, options: dict[str, Any], source: dict[str,
     return out
 
 
-def run_target(url: str, options: dict[str, Any], rank: int, world: int, *, async_process: bool) -> dict[str, Any]:
+def signed_saves(url: str, options: dict[str, Any], rank: int, keys: dict[str, str]) -> dict[str, Any]:
+    """Signed saves with the key on rank 0 only: good; a bad key; a signature that fails in ``finish``."""
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    source = state(rank)
+    out: dict[str, Any] = {}
+    key = keys["private"] if rank == 0 else None
+    out["signed"] = attempt(lambda: dcp.save(source, url + "-signed", storage_options=options, private_key=key))
+    out["signed"]["verify"] = attempt(
+        lambda: integrity_fs.verify(url + "-signed", storage_options=options, public_key=keys["public"])
+    )["type"]
+    bad = keys["bad"] if rank == 0 else None
+    out["bad-key"] = attempt(lambda: dcp.save(source, url + "-bad-key", storage_options=options, private_key=bad))
+    dist.barrier()
+    out["bad-key"]["written"] = fs.exists(f"{root}-bad-key")
+    failing = integrity_fs.signing.sign
+
+    def sign_fails(*args: Any, **kwargs: Any) -> bytes:
+        raise OSError("injected: the signer failed")
+
+    integrity_fs.signing.sign = sign_fails  # type: ignore[assignment]
+    try:
+        out["sign-fails"] = attempt(
+            lambda: dcp.save(source, url + "-sign-fails", storage_options=options, private_key=key)
+        )
+    finally:
+        integrity_fs.signing.sign = failing  # type: ignore[assignment]
+    dist.barrier()
+    fs.invalidate_cache()
+    out["sign-fails"]["written"] = sorted(
+        name for name in (MANIFEST_FILENAME, SIGNATURE_FILENAME) if fs.exists(f"{root}-sign-fails/{name}")
+    )
+    return out
+
+
+def run_target(
+    url: str, options: dict[str, Any], rank: int, world: int, *, async_process: bool, keys: dict[str, str] | None
+) -> dict[str, Any]:
     fs, root = fsspec.core.url_to_fs(url, **options)
     out: dict[str, Any] = {}
     source = state(rank)
+    if keys is not None:
+        out.update(signed_saves(url, options, rank, keys))
 
     reads = reads_under(url, options)  # every rank's reads, seen by the kernel or the S3 server
     dist.barrier()
@@ -177,7 +216,9 @@ def main() -> None:
         "gloo", init_method=spec["init_method"], rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     results = {
-        name: run_target(target["url"], target["options"], rank, world, async_process=spec["async_process"])
+        name: run_target(
+            target["url"], target["options"], rank, world, async_process=spec["async_process"], keys=spec.get("keys")
+        )
         for name, target in spec["targets"].items()
     }
     dist.destroy_process_group()

@@ -10,6 +10,7 @@ import hashlib
 import io
 import logging
 import random
+import re
 import shutil
 import threading
 import uuid
@@ -32,7 +33,7 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp, storage
 
 
 def _state() -> dict[str, Any]:
@@ -301,6 +302,145 @@ def test_round_trip_and_corruption_on_s3(s3_backend: Backend) -> None:
     assert _same(target, _empty())
 
 
+# --- signed saves ------------------------------------------------------------------------------
+
+
+def _key_files(where: Path) -> tuple[Path, Path]:
+    """A fresh P-256 key pair as PEM files: (private, public)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = where / f"key-{uuid.uuid4().hex}.pem", where / f"key-{uuid.uuid4().hex}.pub"
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return private, public
+
+
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_signed_save_verifies_here_and_with_model_signing_and_catches_resealed_tampering(
+    tmp_path: Path, granularity: str
+) -> None:
+    model_signing = pytest.importorskip("model_signing")
+    private, public = _key_files(tmp_path)
+    root = tmp_path / "step_1"
+    options: dict[str, Any] = {"granularity": "chunk", "chunk_size": 1 << 20} if granularity == "chunk" else {}
+    manifest = dcp.save(_state(), str(root), private_key=private, **options)
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [".metadata", "__0_0.distcp", MANIFEST_FILENAME, ifs.SIGNATURE_FILENAME]
+    )
+    assert ifs.verify(root, public_key=public).files_checked == len(manifest.files)
+    config = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=public)
+    if granularity == "chunk":
+        config.set_hashing_config(model_signing.hashing.Config().use_shard_serialization(shard_size=1 << 20))
+    config.verify(root, root / ifs.SIGNATURE_FILENAME)  # the real peer, hashing the files itself
+    target = _empty()
+    dcp.load(target, str(root))
+    assert _same(target, _state())
+    # Someone with write access and no key: change a shard, rewrite the manifest to match.
+    _flip(fsspec.filesystem("file"), str(root / "__0_0.distcp"))
+    (root / MANIFEST_FILENAME).unlink()
+    ifs.seal(root, **options)
+    assert ifs.verify(root).ok
+    with pytest.raises(ifs.SignatureError, match="__0_0.distcp"):
+        ifs.verify(root, public_key=public)
+
+
+def test_bad_signing_key_fails_before_anything_is_written(tmp_path: Path) -> None:
+    (tmp_path / "bad.pem").write_text("not a key")
+    with pytest.raises(ValueError, match="cannot load the private key"):
+        dcp.save(_state(), str(tmp_path / "ckpt"), private_key=tmp_path / "bad.pem")
+    with pytest.raises(ValueError, match="signing needs algorithm 'sha256'"):
+        dcp.save(_state(), str(tmp_path / "ckpt"), private_key=_key_files(tmp_path)[0], algorithm="blake3")
+    assert not (tmp_path / "ckpt").exists()
+
+
+# --- S3: checksums from the digests, attested verify -----------------------------------------------
+
+S3_CHUNK = 5 * 1024 * 1024  # S3's smallest part size
+
+
+def _object_gets(records: list[logging.LogRecord], backend: Backend) -> list[str]:
+    """Object GETs the moto server logged under the checkpoint (not the manifest, not ``?attributes``)."""
+    prefix = f"/{backend.root}/"
+    out = []
+    for record in records:
+        match = re.search(r"GET (\S+) HTTP", record.getMessage())
+        path = match.group(1) if match else ""
+        if path.startswith(prefix) and "?" not in path and not path.endswith(MANIFEST_FILENAME):
+            out.append(path)
+    return out
+
+
+@pytest.mark.parametrize(("granularity", "chunk_size"), [("chunk", S3_CHUNK), ("file", None)])
+def test_s3_save_is_attested_without_reading_a_byte(
+    s3_backend: Backend, caplog: pytest.LogCaptureFixture, granularity: str, chunk_size: int | None
+) -> None:
+    gen = torch.Generator().manual_seed(1)
+    state = {"big": torch.randn(3_000_000, generator=gen), "small": torch.arange(1000), "step": 3}  # 12 MB
+    options = s3_backend.storage_options
+    manifest = dcp.save(state, s3_backend.url, storage_options=options, granularity=granularity, chunk_size=chunk_size)
+    checksums = storage.store_checksums(s3_backend.fs, [s3_backend.path(name) for name in manifest.files])
+    kept = checksums[s3_backend.path("__0_0.distcp")]
+    assert kept is not None and kept.digest == manifest.files["__0_0.distcp"]
+    if granularity == "chunk":
+        assert kept.composite and len(manifest.chunks["__0_0.distcp"]) == 3  # parts of exactly chunk_size
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    caplog.clear()
+    report = ifs.verify(s3_backend.url, storage_options=options, attested=True)
+    assert report.ok and report.files_attested == report.files_checked == len(manifest.files) == 2
+    assert report.bytes_checked == 0
+    assert _object_gets(caplog.records, s3_backend) == []
+    target = {"big": torch.zeros(3_000_000), "small": torch.zeros(1000, dtype=torch.long), "step": 0}
+    dcp.load(target, s3_backend.url, storage_options=options)
+    assert torch.equal(target["big"], state["big"]) and torch.equal(target["small"], state["small"])
+
+
+@pytest.mark.parametrize(
+    ("case", "granularity", "chunk_size", "size"),
+    [
+        ("one PUT", "chunk", S3_CHUNK, S3_CHUNK),
+        ("parts", "chunk", S3_CHUNK, 2 * S3_CHUNK + 5),
+        ("past one PUT, file granularity", "file", None, 3 << 20),
+        ("parts S3 refuses", "chunk", 1 << 20, 3 << 20),
+        ("past 10,000 parts", "chunk", S3_CHUNK, 3 * S3_CHUNK + 5),
+    ],
+)
+def test_growing_sealing_writer_lays_out_what_it_can_and_streams_the_rest(
+    s3_backend: Backend, monkeypatch: pytest.MonkeyPatch, case: str, granularity: str, chunk_size: int | None, size: int
+) -> None:
+    """The layouts a writer that does not know the size in advance (dcp.save) ends up with."""
+    from integrity_fs import _s3
+
+    monkeypatch.setattr(_s3, "SINGLE_PUT_LIMIT", 2 << 20)  # file granularity: one PUT up to 2 MiB here
+    if case == "past 10,000 parts":
+        monkeypatch.setattr(_s3, "MAX_PARTS", 2)  # as if 10,000
+    data = random.Random(size).randbytes(size)
+    path = s3_backend.path("f.bin")
+    writer = storage.SealingWriter(
+        s3_backend.fs, path, algorithm="sha256", granularity=granularity, chunk_size=chunk_size, growing=True
+    )
+    for start in range(0, size, 1 << 20):
+        writer.write(data[start : start + (1 << 20)])
+    digests = writer.close()
+    s3_backend.fs.invalidate_cache()
+    assert s3_backend.read("f.bin") == data
+    units = [data[i : i + chunk_size] for i in range(0, size, chunk_size)] if chunk_size else [data]
+    assert digests == tuple(hashlib.sha256(u).hexdigest() for u in units)
+    kept = storage.store_checksums(s3_backend.fs, [path])[path]
+    whole = digests[0] if len(digests) == 1 else hashlib.sha256(b"".join(bytes.fromhex(d) for d in digests)).hexdigest()
+    if case in ("one PUT", "parts"):
+        assert kept is not None and kept.digest == whole  # attestable
+    else:
+        assert kept is None or kept.digest != whole  # streamed, or parts that are not the chunks
+    if case == "past 10,000 parts":
+        assert kept is not None and kept.composite  # two parts (moto does not say the count)
+
+
 # --- real process groups ----------------------------------------------------------------------
 
 
@@ -320,8 +460,12 @@ def ranks(
         "local": {"url": str(work / "ckpt"), "options": {}},
         "s3": {"url": f"{prefix}/world-{world}", "options": options},
     }
+    private, public = _key_files(work)
+    (work / "bad.pem").write_text("not a key")
+    keys = {"private": str(private), "public": str(public), "bad": str(work / "bad.pem")}
     # DCP's checkpoint process (async_save) costs a spawned interpreter per rank: 2 ranks only.
-    results = run_ranks("dist_dcp_worker.py", world, {"targets": targets, "async_process": world == 2}, work)
+    spec = {"targets": targets, "async_process": world == 2, "keys": keys}
+    results = run_ranks("dist_dcp_worker.py", world, spec, work)
     shutil.rmtree(work / "ckpt", ignore_errors=True)
     return world, results
 
@@ -346,6 +490,21 @@ def test_distributed_save_and_load(ranks: Any, target: str) -> None:
         shared = _shared([{k: v for k, v in r[step].items() if k != "reads"} for r in per_rank])
         assert shared["type"] == "NoneType" if step == "reader" else shared["type"] == "Report"
         assert shared["equal"] and shared["report"]["ok"]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_distributed_signed_save_and_signing_failures_on_every_rank(ranks: Any, target: str) -> None:
+    """The key on rank 0 only: signed and verified; a bad key or a failing signer fails every rank alike."""
+    _world, results = ranks
+    per_rank = results[target]
+    signed = _shared([r["signed"] for r in per_rank])
+    assert signed["type"] == "Manifest" and signed["verify"] == "Report"
+    bad = _shared([{k: v for k, v in r["bad-key"].items()} for r in per_rank])
+    assert bad["type"] == "ValueError" and "cannot load the private key" in bad["message"]
+    assert bad["written"] is False  # refused before DCP wrote anything
+    fails = _shared([r["sign-fails"] for r in per_rank])
+    assert fails["type"] == "CheckpointException" and "injected: the signer failed" in fails["message"]
+    assert fails["written"] == []  # no manifest without its signature
 
 
 @pytest.mark.parametrize("target", ["local", "s3"])
