@@ -345,7 +345,15 @@ class _HashingFileSystem(_FsspecFileSystem):
             self._written[os.fspath(path)] = (size, digests)
 
     def rename(self, path: URL, new_path: URL) -> None:
-        super().rename(path, new_path)
+        if self._checksums:
+            # S3 has no rename but a copy (DCP renames .metadata.tmp): ask S3 for the copy's SHA-256,
+            # so that a file written in one PUT stays attestable whatever the store's copy default.
+            fs = self.fs
+            assert fs is not None
+            fs.copy(os.fspath(path), os.fspath(new_path), ChecksumAlgorithm="SHA256")
+            fs.rm(os.fspath(path))
+        else:
+            super().rename(path, new_path)
         with self._lock:
             if os.fspath(path) in self._written:
                 self._written[os.fspath(new_path)] = self._written.pop(os.fspath(path))
