@@ -84,9 +84,13 @@ def on_rank0(rank: int, fn: Callable[[], None]) -> None:
     dist.barrier()
 
 
-def async_save_in_a_process(url: str, options: dict[str, Any], source: dict[str, Any], rank: int) -> dict[str, Any]:
-    """DCP's async_save with its process executor: the writer is pickled into DCP's checkpoint process."""
-    writer = dcp.HashingFsspecWriter(url, **options)
+def async_save_in_a_process(
+    url: str, options: dict[str, Any], source: dict[str, Any], rank: int, keys: dict[str, str] | None
+) -> dict[str, Any]:
+    """DCP's async_save with its process executor: the writer (and its signing key) is pickled into
+    DCP's checkpoint process."""
+    key = keys["private"] if keys is not None and rank == 0 else None
+    writer = dcp.HashingFsspecWriter(url, private_key=key, **options)
     saved = attempt(
         lambda: torch_dcp.async_save(
             source, storage_writer=writer, async_checkpointer_type=AsyncCheckpointerType.PROCESS
@@ -96,6 +100,9 @@ def async_save_in_a_process(url: str, options: dict[str, Any], source: dict[str,
     if saved["type"] == "Metadata":
         # That process wrote the manifest: this process's writer is a copy that never ran.
         out["manifest"] = attempt(lambda: read_manifest(url, storage_options=options)).get("manifest")
+        if keys is not None:
+            verified = attempt(lambda: integrity_fs.verify(url, storage_options=options, public_key=keys["public"]))
+            out["signed"] = verified["type"]
         target = state(rank, empty=True)
         out["load"] = {**attempt(lambda: dcp.load(target, url, storage_options=options)), "equal": same(target, source)}
     return out
@@ -184,7 +191,7 @@ def run_target(
     }
 
     if async_process:
-        out["async-process"] = async_save_in_a_process(url + "-async", options, source, rank)
+        out["async-process"] = async_save_in_a_process(url + "-async", options, source, rank, keys)
 
     unsealed = url + "-unsealed"
     dcp.save(source, unsealed, storage_options=options)

@@ -518,6 +518,7 @@ def test_distributed_async_save_with_the_process_executor(ranks: Any, target: st
     manifest = ifs.Manifest.from_json(outcome["manifest"])
     assert sorted(manifest.files) == [".metadata", *(f"__{rank}_0.distcp" for rank in range(world))]
     assert outcome["load"]["type"] == "Report" and outcome["load"]["report"]["ok"] and outcome["load"]["equal"]
+    assert outcome["signed"] == "Report"  # rank 0's key travelled to the checkpoint process, which signed
 
 
 @pytest.mark.parametrize("target", ["local", "s3"])
