@@ -42,6 +42,18 @@ R = TypeVar("R")
 
 URL = str | os.PathLike[str]
 
+
+@dataclass(frozen=True)
+class Grown:
+    """What reading a unit found when its file holds more bytes than planned (``size``, if known)."""
+
+    size: int | None
+
+
+#: What hashing a unit gives: its digest; ``None`` when the file vanished; ``Grown`` when the
+#: file turned out longer than the listing said.
+UnitOutcome = str | Grown | None
+
 #: Concurrent reads on object stores, where latency, not the CPU, is the limit.
 REMOTE_WORKERS = 16
 
@@ -264,9 +276,15 @@ def build_manifest(
     granularity: str,
     chunk_size: int | None,
     sizes: Mapping[str, int],
-    digests: Mapping[Unit, str | None],
+    digests: Mapping[Unit, UnitOutcome],
 ) -> Manifest:
-    """The manifest for files of ``sizes`` whose units hashed to ``digests``."""
+    """The manifest for files of ``sizes`` whose units hashed to ``digests``.
+
+    A file that grew while it was read is an ``OSError``: its bytes were never all hashed.
+    """
+    grown = sorted({u.name for u, d in digests.items() if isinstance(d, Grown)})
+    if grown:
+        raise OSError(f"files changed while sealing (longer than listed): {', '.join(grown)}")
     by_file = _digests_by_file(digests)
     files = {name: file_digest(algorithm, granularity, by_file[name]) for name in sizes}
     chunks = {name: tuple(by_file[name]) for name in sizes} if granularity == "chunk" else None
@@ -280,11 +298,11 @@ def build_manifest(
     )
 
 
-def _digests_by_file(digests: Mapping[Unit, str | None]) -> dict[str, list[str]]:
+def _digests_by_file(digests: Mapping[Unit, UnitOutcome]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for unit in sorted(digests, key=lambda u: (u.name, u.index)):
         digest = digests[unit]
-        if digest is not None:
+        if isinstance(digest, str):
             out.setdefault(unit.name, []).append(digest)
     return out
 
@@ -472,16 +490,21 @@ def plan_verification(
     return VerificationPlan(tuple(problems), extra, sizes, units)
 
 
-def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Mapping[Unit, str | None]) -> Report:
-    """The report once ``plan.units`` have been hashed to ``digests`` (``None``: file vanished)."""
+def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Mapping[Unit, UnitOutcome]) -> Report:
+    """The report once ``plan.units`` have been hashed to ``digests`` (``None``: file vanished;
+    ``Grown``: the file holds more bytes than sealed, a ``"size"`` problem)."""
     problems = list(plan.problems)
     hashed = {u.name for u in plan.units}
     vanished = {u.name for u, d in digests.items() if d is None}
+    grown = {u.name: d for u, d in digests.items() if isinstance(d, Grown)}
     by_file = _digests_by_file(digests)
     for name in sorted(hashed):
         expected = manifest.files[name]
         if name in vanished:
             problems.append(Problem(name, "missing", expected=expected))
+            continue
+        if name in grown:
+            problems.append(Problem(name, "size", expected=plan.sizes[name], actual=grown[name].size))
             continue
         actual = file_digest(manifest.algorithm, manifest.granularity, by_file[name])
         if actual == expected:
@@ -501,7 +524,7 @@ def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Map
         problems=tuple(problems),
         extra=plan.extra,
         files_checked=len(manifest.files) - missing,
-        bytes_checked=sum(u.length for u, d in digests.items() if d is not None),
+        bytes_checked=sum(u.length for u, d in digests.items() if isinstance(d, str)),
         files_attested=len(plan.attested),
     )
 
@@ -518,43 +541,60 @@ def hash_units(
     *,
     max_workers: int | None = None,
     callback: Callback | None = None,
-) -> dict[Unit, str | None]:
-    """Digest of every unit, hashed concurrently, largest first; ``None`` for a vanished file.
+) -> dict[Unit, UnitOutcome]:
+    """Digest of every unit, hashed concurrently, largest first; ``None`` for a vanished file
+    (or one that is no longer a regular file), ``Grown`` for a file longer than planned.
 
-    The first storage failure cancels the rest and is raised.
+    The first storage failure stops the rest (within a block) and is raised.
     """
     todo = sorted(units, key=lambda u: -u.length)
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
     workers = min(max_workers or default_workers(fs), max(1, len(todo)))
     progress = progress_fn(callback, sum(u.length for u in todo))
+    stop = threading.Event()
 
-    def one(unit: Unit) -> str | None:
+    def one(unit: Unit) -> UnitOutcome:
+        path = storage.join(root, unit.name)
         try:
-            return storage.hash_range(fs, storage.join(root, unit.name), algorithm, unit.offset, unit.length, progress)
-        except FileNotFoundError:
+            return storage.hash_range(
+                fs, path, algorithm, unit.offset, unit.length, progress, file_size=unit.file_size, stop=stop
+            )
+        except (FileNotFoundError, storage.NotARegularFileError):
             return None
+        except storage.FileGrewError as exc:
+            return Grown(exc.size)
 
-    return run_parallel(one, todo, workers)
+    return run_parallel(one, todo, workers, stop=stop)
 
 
-def run_parallel(fn: Callable[[T], R], items: Sequence[T], workers: int) -> dict[T, R]:
-    """``fn`` on every item on ``workers`` threads; the first exception cancels the rest and is raised."""
+def run_parallel(
+    fn: Callable[[T], R], items: Sequence[T], workers: int, *, stop: threading.Event | None = None
+) -> dict[T, R]:
+    """``fn`` on every item on ``workers`` threads; the first exception is raised.
+
+    On the first exception, or Ctrl-C in the calling thread, ``stop`` is set (``fn`` checks it
+    between blocks and raises ``storage.Cancelled``), items not started are dropped, and the call
+    returns only once every worker has stopped: no thread goes on reading after it.
+    """
     if workers <= 1 or len(items) <= 1:
         return {item: fn(item) for item in items}
-    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="integrity_fs") as pool:
+    stop = stop if stop is not None else threading.Event()
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="integrity_fs")
+    try:
         futures = {pool.submit(fn, item): item for item in items}
-        try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        except BaseException:  # Ctrl-C: start nothing new, let the running items stop
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        for future in done:
-            error = future.exception()
-            if error is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise error
-        return {item: future.result() for future, item in futures.items()}
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    except BaseException:  # Ctrl-C: stop the running items, start nothing new
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    errors = [error for f in futures if f in done and (error := f.exception()) is not None]
+    if errors:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise next((e for e in errors if not isinstance(e, storage.Cancelled)), errors[0])
+    pool.shutdown(wait=True)
+    return {item: future.result() for future, item in futures.items()}
 
 
 def progress_fn(callback: Callback | None, total: int) -> storage.ProgressFn:

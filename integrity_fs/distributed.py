@@ -59,7 +59,7 @@ INSTALL_HINT = "pip install 'integrity-fs[torch]'"
 UNIT_COST_BYTES = 1024 * 1024
 
 T = TypeVar("T")
-Digests = dict[Unit, str | None]
+Digests = dict[Unit, core.UnitOutcome]
 
 
 def verify(
@@ -548,7 +548,7 @@ def _write_seal(
     return manifest.to_json()
 
 
-def _merge(shares: Sequence[Mapping[Unit, str | None] | Failure]) -> Digests:
+def _merge(shares: Sequence[Mapping[Unit, core.UnitOutcome] | Failure]) -> Digests:
     merged: Digests = {}
     for share in shares:
         assert not isinstance(share, Failure)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -121,16 +121,21 @@ def combine_chunk_digests(algorithm: str, chunk_digests: Sequence[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """One independently hashed byte range: chunk ``index`` of file ``name``."""
+    """One independently hashed byte range: chunk ``index`` of file ``name``.
+
+    ``file_size`` (not part of a unit's identity) is the size of the whole file when planned: the
+    reader of the unit that ends there confirms the file ends there too.
+    """
 
     name: str
     index: int
     offset: int
     length: int
+    file_size: int | None = field(default=None, compare=False)
 
 
 def _plan_file(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
-    return [Unit(name, 0, 0, size) for name, size in sizes.items()]
+    return [Unit(name, 0, 0, size, size) for name, size in sizes.items()]
 
 
 def _plan_chunks(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
@@ -139,7 +144,7 @@ def _plan_chunks(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]
     for name, size in sizes.items():
         for index in range(chunk_count(size, chunk_size)):
             start, end = chunk_range(size, chunk_size, index)
-            units.append(Unit(name, index, start, end - start))
+            units.append(Unit(name, index, start, end - start, size))
     return units
 
 

@@ -3,17 +3,26 @@ write the manifest atomically, and turn backend-specific failures into ``OSError
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import errno
 import logging
 import os
+import re
+import stat
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import fsspec
-from fsspec.asyn import AsyncFileSystem, sync
+from fsspec.asyn import AsyncFileSystem
+from fsspec.exceptions import FSTimeoutError
+from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractBufferedFile
 
 from . import _s3
 from .hashing import READ_SIZES, StreamDigest, new_hasher
@@ -31,21 +40,64 @@ BLOCK_SIZE = 1024 * 1024
 REMOTE_BLOCK_SIZE = 8 * 1024 * 1024
 #: Attempts for a read that fails transiently (connection reset, timeout, short read).
 READ_ATTEMPTS = 3
+#: Attempts on backends that already retry each request themselves (s3fs, gcsfs): ours would multiply theirs.
+SELF_RETRYING_READ_ATTEMPTS = 2
+_SELF_RETRYING_MODULES = ("s3fs", "gcsfs")
 _RETRY_DELAY_S = 0.2
+#: How often a worker waiting on an object store checks whether the call was stopped.
+_STOP_POLL_S = 0.1
 
 # Exceptions from these packages are storage failures and are re-raised as OSError.
 _BACKEND_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "google", "requests", "urllib3")
 
 ProgressFn = Callable[[int], None]
+T = TypeVar("T")
 
 
 class ShortReadError(OSError):
     """Storage delivered fewer bytes than it said the file holds."""
 
 
+class NotARegularFileError(OSError):
+    """A FIFO, socket or device where a file was expected: never read (it could block forever)."""
+
+
+class FileGrewError(Exception):
+    """The file holds more bytes than planned: ``size`` (when known) instead of ``expected``.
+
+    Not an ``OSError``: the store answered correctly, the content is not what was sealed.
+    """
+
+    def __init__(self, path: str, expected: int, size: int | None) -> None:
+        super().__init__(f"{path} holds more than {expected} bytes ({size if size is not None else 'more'})")
+        self.path = path
+        self.expected = expected
+        self.size = size
+
+
+class Cancelled(Exception):
+    """The call was stopped (Ctrl-C or another worker's failure) before this read finished."""
+
+
 def _is_backend_error(exc: BaseException) -> bool:
     module = type(exc).__module__ or ""
-    return module.split(".")[0] in _BACKEND_MODULES
+    return module.split(".")[0] in _BACKEND_MODULES or isinstance(exc, (FSTimeoutError, asyncio.TimeoutError))
+
+
+def _storage_cause(exc: BaseException) -> BaseException | None:
+    """The first storage failure in ``exc``'s chain (``__cause__``/``__context__``), if any.
+
+    Backends wrap badly: s3fs turns a ranged-read timeout into ``IndexError`` (``ex.args[0]`` on
+    an ``FSTimeoutError`` with no args), so the failure is judged by the whole chain.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) or _is_backend_error(link):
+            return link
+        link = link.__cause__ or link.__context__
+    return None
 
 
 @contextlib.contextmanager
@@ -54,11 +106,16 @@ def storage_errors(what: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if isinstance(exc, OSError) and type(exc).__module__ in ("builtins", __name__):
+        if type(exc).__module__ == __name__ or (isinstance(exc, OSError) and type(exc).__module__ == "builtins"):
             raise
-        if isinstance(exc, OSError) or _is_backend_error(exc):
-            raise _os_error_type(exc)(f"storage error while {what}: {type(exc).__name__}: {exc}") from exc
-        raise
+        cause = _storage_cause(exc)
+        if cause is None:
+            raise
+        if isinstance(cause, OSError) and type(cause).__module__ == "builtins" and cause is not exc:
+            error_type: type[OSError] = type(cause)
+        else:
+            error_type = _os_error_type(cause)
+        raise error_type(f"storage error while {what}: {type(cause).__name__}: {cause}") from exc
 
 
 def _os_error_type(exc: BaseException) -> type[OSError]:
@@ -82,7 +139,10 @@ def resolve(
     text = os.fspath(url)
     if not text:
         raise ValueError("url is empty")
-    if fs is None:
+    if fs is None and (not isinstance(url, str) or not _is_url(text)):
+        fs = fsspec.filesystem("file", **(storage_options or {}))
+        root = fs._strip_protocol(text)
+    elif fs is None:
         with storage_errors(f"opening {text}"):
             fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
     else:
@@ -94,6 +154,24 @@ def resolve(
     elif root not in ("/", ""):
         root = root.rstrip("/")
     return fs, root
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)(://|::)")
+
+
+def _is_url(text: str) -> bool:
+    """Whether ``text`` names a protocol: ``s3://b/k``, or a chain such as ``simplecache::s3://b/k``.
+
+    Anything else, ``/data/run::1`` and ``file:///data/run::1`` included, is a local path: fsspec
+    would split it on ``::`` and read another directory.
+    """
+    match = _SCHEME.match(text)
+    if match is None:
+        return False
+    protocol, separator = match.groups()
+    if separator == "::":
+        return protocol in fsspec.available_protocols()
+    return protocol not in ("file", "local")
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -143,11 +221,14 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str, *, stamps: dict[str, st
     are not descended. ``stamps``, when given, receives each file's version stamp from the same
     listing: its modification time, ETag or generation (whichever the backend lists; ``""``
     when none), which changes when the file is rewritten.
+    FIFOs, sockets and devices are skipped with a warning. On object stores the listing comes
+    from the store, never from a cache, and folder markers (zero-byte keys ending in ``/``) are
+    directories, not files.
     """
     if is_local(fs):
         return _list_local(root, stamps)
     with storage_errors(f"listing {describe(fs, root)}"):
-        fs.invalidate_cache(root)
+        forget_cached(fs, root)
         found = fs.find(root, detail=True, withdirs=False)
         if not found and not fs.isdir(root):
             if fs.exists(root):
@@ -159,11 +240,32 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str, *, stamps: dict[str, st
         if info.get("type", "file") != "file" or not path.startswith(prefix):
             continue
         name = path[len(prefix) :]
-        if name and name not in NOT_CONTENT:
+        if name and name not in NOT_CONTENT and not _is_folder_marker(name, info):
             out[name] = int(info["size"])
             if stamps is not None:
                 stamps[name] = _stamp(info)
     return dict(sorted(out.items()))
+
+
+def _is_folder_marker(name: str, info: dict[str, Any]) -> bool:
+    key = str(info.get("Key", info.get("name", name)))
+    return int(info.get("size") or 0) == 0 and (name.endswith("/") or key.endswith("/"))
+
+
+def forget_cached(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """Drop every cached listing of ``root``, its parents and everything under it.
+
+    ``invalidate_cache(root)`` alone clears the root and its parents (s3fs, gcsfs), so a
+    subdirectory listed earlier in the process would still be served from memory.
+    """
+    if isinstance(fs, DirFileSystem):
+        forget_cached(fs.fs, fs._join(root))
+    fs.invalidate_cache(root)
+    cache = getattr(fs, "dircache", None)
+    if cache:
+        below = root.rstrip("/") + "/"
+        for key in [k for k in list(cache) if isinstance(k, str) and k.startswith(below)]:
+            cache.pop(key, None)
 
 
 def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, int]:
@@ -192,14 +294,31 @@ def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, in
                 if not os.path.isfile(target):
                     continue
             st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                log.warning("skipping %s: a %s, not a regular file (never opened)", name, _kind(st.st_mode))
+                continue
             out[name] = st.st_size
             if stamps is not None:
                 stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
     return dict(sorted(out.items()))
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "special file"
+
+
 def read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
-    """Whole small file (the manifest). ``FileNotFoundError`` passes through as is."""
+    """Whole small file (the manifest). ``FileNotFoundError`` passes through as is; a local
+    FIFO, socket or device raises ``NotARegularFileError`` without blocking."""
+    if is_local(fs):
+        with _open_local(path) as f:
+            return bytes(f.read())
     with storage_errors(f"reading {path}"):
         return bytes(fs.cat_file(path))
 
@@ -213,6 +332,28 @@ def exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
         return bool(fs.exists(path))
 
 
+def _open_local(path: str) -> Any:
+    """``open(path, "rb")`` for regular files only, judged on the opened descriptor (race-free);
+    ``O_NONBLOCK`` so that opening a FIFO cannot wait for a writer."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a unix socket
+            raise NotARegularFileError(f"{path} is a socket, not a regular file (never read)") from exc
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(f"{path} is a {_kind(mode)}, not a regular file (never read)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that readers see the old bytes or the new, never a part.
 
@@ -223,6 +364,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         directory = os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: readable by whoever can read the rest
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -243,10 +385,24 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         fs.pipe_file(path, data)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (threads may be creating files)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def open_read(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    """A binary reader for ``path`` tuned for sequential streaming (readahead on object stores)."""
+    """A binary reader for ``path`` tuned for sequential streaming (readahead on object stores).
+
+    Local: regular files only (``NotARegularFileError`` otherwise), never blocking on a FIFO.
+    """
     if is_local(fs):
-        return open(path, "rb")
+        return _open_local(path)
     try:
         return fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
     except TypeError:  # a backend whose open() takes no cache options
@@ -260,27 +416,54 @@ def hash_range(
     offset: int,
     length: int,
     progress: ProgressFn | None = None,
+    *,
+    file_size: int | None = None,
+    stop: threading.Event | None = None,
 ) -> str:
     """Digest of exactly ``length`` bytes of ``path`` from ``offset``, in bounded memory.
 
-    Fewer bytes than asked for is a ``ShortReadError``. Transient failures are retried
-    ``READ_ATTEMPTS`` times; a missing file or a refused permission is raised at once.
+    Fewer bytes than asked for is a ``ShortReadError``. When the range ends at ``file_size``,
+    the read confirms that the file ends there too: more bytes raise ``FileGrewError``.
+    Transient failures are retried (``READ_ATTEMPTS`` times, or ``SELF_RETRYING_READ_ATTEMPTS``
+    on backends that retry each request themselves); a missing file or a refused permission is
+    raised at once. Once ``stop`` is set, the read ends at the next block with ``Cancelled``.
     """
-    for attempt in range(1, READ_ATTEMPTS + 1):
+    attempts = _read_attempts(fs)
+    check_end = file_size is not None and offset + length == file_size
+    for attempt in range(1, attempts + 1):
+        _check_stop(stop)
         counter = [0]
         try:
             with storage_errors(f"reading {path}"):
-                return _hash_once(fs, path, algorithm, offset, length, progress, counter)
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+                return _hash_once(fs, path, algorithm, offset, length, progress, counter, check_end, stop)
+        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotARegularFileError):
             raise
         except OSError as exc:
             if progress is not None and counter[0]:
                 progress(-counter[0])
-            if attempt == READ_ATTEMPTS:
-                raise type(exc)(f"reading {path} failed {READ_ATTEMPTS} times: {exc}") from exc
-            log.info("retrying read of %s after %s (attempt %d of %d)", path, exc, attempt, READ_ATTEMPTS)
+            if attempt == attempts:
+                raise type(exc)(f"reading {path} failed {attempts} times: {exc}") from exc
+            log.info("retrying read of %s after %s (attempt %d of %d)", path, exc, attempt, attempts)
             time.sleep(_RETRY_DELAY_S * attempt)
+            with contextlib.suppress(Exception):
+                fs.invalidate_cache(path)  # the retry asks the store again (size, ETag), not the cache
     raise AssertionError("unreachable")
+
+
+def _read_attempts(fs: fsspec.AbstractFileSystem) -> int:
+    module = type(_innermost(fs)).__module__ or ""
+    return SELF_RETRYING_READ_ATTEMPTS if module.split(".")[0] in _SELF_RETRYING_MODULES else READ_ATTEMPTS
+
+
+def _innermost(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    while isinstance(fs, DirFileSystem):
+        fs = fs.fs
+    return fs
+
+
+def _check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Cancelled("stopped")
 
 
 def _hash_once(
@@ -291,9 +474,11 @@ def _hash_once(
     length: int,
     progress: ProgressFn | None,
     counter: list[int],
+    check_end: bool,
+    stop: threading.Event | None,
 ) -> str:
-    if offset == 0 and isinstance(fs, AsyncFileSystem):
-        digest = _hash_streamed(fs, path, algorithm, length, progress, counter)
+    if offset == 0:
+        digest = _hash_streamed(fs, path, algorithm, length, progress, counter, check_end, stop)
         if digest is not None:
             return digest
     hasher = new_hasher(algorithm)
@@ -304,6 +489,7 @@ def _hash_once(
         readinto = getattr(f, "readinto", None)
         remaining = length
         while remaining:
+            _check_stop(stop)
             want = buf[: min(remaining, len(buf))]
             if readinto is not None:
                 n = readinto(want)
@@ -320,7 +506,59 @@ def _hash_once(
             counter[0] += n
             if progress is not None:
                 progress(n)
+        if check_end:
+            _confirm_end(fs, path, f, offset + length)
     return hasher.hexdigest()
+
+
+def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> None:
+    """Raise ``FileGrewError`` when the open file ``f`` holds more than ``end`` bytes.
+
+    One more byte is asked for; a buffered object-store file stops at the size it was opened
+    with, so there the store is asked for the size now.
+    """
+    if f.read(1):
+        size: int | None
+        try:
+            size = os.fstat(f.fileno()).st_size if is_local(fs) else _fresh_size(fs, path)
+        except Exception:
+            size = None
+        raise FileGrewError(path, end, size)
+    if isinstance(f, AbstractBufferedFile):
+        size = _fresh_size(fs, path)
+        if size > end:
+            raise FileGrewError(path, end, size)
+
+
+def _fresh_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    forget_cached(fs, path)
+    return int(fs.size(path))
+
+
+def _stream_target(fs: fsspec.AbstractFileSystem, path: str) -> tuple[AsyncFileSystem, str] | None:
+    """The async filesystem and path to stream ``path`` from (through any ``DirFileSystem``),
+    or ``None`` for a filesystem that is not async."""
+    while isinstance(fs, DirFileSystem):
+        path = fs._join(path)
+        fs = fs.fs
+    if not getattr(fs, "async_impl", False) or not isinstance(fs, AsyncFileSystem):
+        return None
+    return fs, path
+
+
+def _on_loop(fs: AsyncFileSystem, coro: Coroutine[Any, Any, T], stop: threading.Event | None) -> T:
+    """Run ``coro`` on ``fs``'s event loop and wait for it; once ``stop`` is set, cancel it
+    there (within ``_STOP_POLL_S``) and raise ``Cancelled``: a stalled request never holds a worker."""
+    future = asyncio.run_coroutine_threadsafe(coro, fs.loop)
+    while True:
+        try:
+            return future.result(timeout=_STOP_POLL_S)
+        except concurrent.futures.TimeoutError:
+            if future.done():
+                raise
+            if stop is not None and stop.is_set():
+                future.cancel()
+                raise Cancelled("stopped") from None
 
 
 async def _read_block(f: Any, n: int) -> bytes:
@@ -336,29 +574,52 @@ async def _read_block(f: Any, n: int) -> bytes:
     return b"".join(parts)
 
 
+async def _open_stream(fs: AsyncFileSystem, path: str) -> Any:
+    return await fs.open_async(path, "rb")
+
+
+async def _close_stream(f: Any) -> None:
+    """Close on the loop that owns it: s3fs's ``close()`` leaves the response body open (a chunk
+    stops early), and the body belongs to the event loop, not to the worker thread."""
+    with contextlib.suppress(Exception):
+        await f.close()
+    body = getattr(f, "r", None)
+    if body is not None:
+        with contextlib.suppress(Exception):
+            body.close()
+
+
 def _hash_streamed(
-    fs: AsyncFileSystem,
+    fs: fsspec.AbstractFileSystem,
     path: str,
     algorithm: str,
     length: int,
     progress: ProgressFn | None,
     counter: list[int],
+    check_end: bool,
+    stop: threading.Event | None,
 ) -> str | None:
     """Digest of the first ``length`` bytes of ``path`` from one streamed GET (``open_async``),
     hashed in this thread ``BLOCK_SIZE`` at a time; ``None`` when the backend cannot stream.
 
     One request per file, and no cache: ranged reads through ``fs.open`` cost a request per
-    ``REMOTE_BLOCK_SIZE`` and hold a block or two per worker.
+    ``REMOTE_BLOCK_SIZE`` and hold a block or two per worker. With ``check_end`` the stream
+    must end right after those bytes.
     """
+    target = _stream_target(fs, path)
+    if target is None:
+        return None
+    afs, apath = target
     try:
-        f = sync(fs.loop, fs.open_async, path, "rb")
+        f = _on_loop(afs, _open_stream(afs, apath), stop)
     except NotImplementedError:
         return None
     hasher = new_hasher(algorithm)
     try:
         remaining = length
         while remaining:
-            data = sync(fs.loop, _read_block, f, min(BLOCK_SIZE, remaining))
+            _check_stop(stop)
+            data = _on_loop(afs, _read_block(f, min(BLOCK_SIZE, remaining)), stop)
             if not data:
                 raise ShortReadError(f"short read from {path}: expected {length} bytes, got {length - remaining}")
             hasher.update(data)
@@ -366,13 +627,12 @@ def _hash_streamed(
             counter[0] += len(data)
             if progress is not None:
                 progress(len(data))
+        if check_end and _on_loop(afs, _read_block(f, 1), stop):
+            size = getattr(f, "size", None)
+            raise FileGrewError(path, length, int(size) if isinstance(size, int) else None)
     finally:
         with contextlib.suppress(Exception):
-            sync(fs.loop, f.close)
-        body = getattr(f, "r", None)  # s3fs's close() leaves the response open; a chunk stops early
-        if body is not None:
-            with contextlib.suppress(Exception):
-                body.close()
+            _on_loop(afs, _close_stream(f), None)
     return hasher.hexdigest()
 
 
