@@ -451,8 +451,8 @@ def hash_range(
 
 
 def _read_attempts(fs: fsspec.AbstractFileSystem) -> int:
-    module = type(_innermost(fs)).__module__ or ""
-    return SELF_RETRYING_READ_ATTEMPTS if module.split(".")[0] in _SELF_RETRYING_MODULES else READ_ATTEMPTS
+    modules = {(cls.__module__ or "").split(".")[0] for cls in type(_innermost(fs)).__mro__}
+    return SELF_RETRYING_READ_ATTEMPTS if modules & set(_SELF_RETRYING_MODULES) else READ_ATTEMPTS
 
 
 def _innermost(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
@@ -531,6 +531,13 @@ def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> 
 
 
 def _fresh_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    """The size of ``path`` as the store says now, not as a listing cached it."""
+    inner = _innermost(fs)
+    if any((cls.__module__ or "").startswith("s3fs") for cls in type(inner).__mro__):
+        while isinstance(fs, DirFileSystem):
+            path = fs._join(path)
+            fs = fs.fs
+        return int(fs.info(path, refresh=True)["size"])  # a HEAD; the listing cache stays for the others
     forget_cached(fs, path)
     return int(fs.size(path))
 
