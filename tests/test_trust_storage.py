@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -59,6 +61,25 @@ def test_local_path_with_double_colon_is_that_path_not_a_chained_url(tmp_path):
     assert str(target) in str(err.value)
     with pytest.raises(IntegrityError):
         ifs.verify(f"file://{target}")
+
+
+def test_cli_seals_and_verifies_the_double_colon_path_it_names(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "w.bin").write_bytes(b"the other run")
+    target = tmp_path / "run::1"
+    target.mkdir()
+    (target / "w.bin").write_bytes(b"weights")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "integrity_fs", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    assert cli("seal", str(target)).returncode == 0
+    (target / "w.bin").write_bytes(b"weightz")
+    proc = cli("verify", str(target))
+    assert proc.returncode == 1, proc.stderr
+    assert "run::1" in proc.stderr
+    assert not (tmp_path / "run" / MANIFEST_FILENAME).exists()
 
 
 # 2. Reads confirm the end of the file.
