@@ -38,7 +38,7 @@ def _problems(err: pytest.ExceptionInfo[IntegrityError]) -> dict[str, tuple[str,
 
 
 def _workers_alive() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("integrity_fs")]
+    return [t for t in threading.enumerate() if t.name.startswith("integrity_fs_")]  # the hashing pool
 
 
 # 1. A string with no protocol is a local path.
