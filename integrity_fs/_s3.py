@@ -144,19 +144,23 @@ def _parse(attributes: Mapping[str, Any]) -> StoreChecksum | None:
 def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict[str, StoreChecksum | None]:
     """What S3 keeps for each path (``None``: no SHA-256 there), ``CHECKSUM_REQUESTS`` at a time.
 
-    One GetObjectAttributes request per object; no byte of content is read. Errors are raised.
+    One GetObjectAttributes request per object; no byte of content is read. An object that is
+    gone has no checksum (``None``); other errors are raised.
     """
     fs_: Any = fs
     paths = list(paths)
 
     async def one(path: str) -> StoreChecksum | None:
         bucket, key, _ = fs_.split_path(path)
-        out = await fs_._call_s3(
-            "get_object_attributes",
-            Bucket=bucket,
-            Key=key,
-            ObjectAttributes=["Checksum", "ObjectParts", "ObjectSize"],
-        )
+        try:
+            out = await fs_._call_s3(
+                "get_object_attributes",
+                Bucket=bucket,
+                Key=key,
+                ObjectAttributes=["Checksum", "ObjectParts", "ObjectSize"],
+            )
+        except FileNotFoundError:  # gone since the listing: no checksum; the read reports it missing
+            return None
         return _parse(out)
 
     results = sync(fs_.loop, _run_coros_in_chunks, [one(p) for p in paths], batch_size=CHECKSUM_REQUESTS)

@@ -10,8 +10,10 @@ checkpoint at a glance, as data (what ``integrity-fs status`` prints).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,6 +94,8 @@ def skip_reason(exc: Exception) -> str | None:
         return "bad signature"
     if isinstance(exc, IntegrityError):
         return "damaged"
+    if isinstance(exc, FileNotFoundError):  # listed, then deleted (a rotation): not an outage
+        return "vanished"
     return None
 
 
@@ -111,8 +115,9 @@ def latest_verified(
     ``strict`` as for :func:`integrity_fs.verify`). Unsealed (no manifest: a save that died before
     sealing), invalid and damaged ones are skipped, each with a WARNING on the ``integrity_fs``
     logger naming the reason; with ``public_key``, so are checkpoints whose signature is missing or
-    does not match (``SignatureError``). A storage error (``OSError``) is raised, never skipped. A
-    root that does not exist yet (a run that never saved) is logged and gives ``None``.
+    does not match (``SignatureError``), and those deleted since the listing (a rotation). A storage
+    error (``OSError``) is raised, never skipped. A root that does not exist yet (a run that never
+    saved) is logged and gives ``None``.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
     for name in names_or_none(fs_, root_):
@@ -176,20 +181,39 @@ def status(
 
     Quick by default (names and sizes against the manifest, no content read); ``full=True`` hashes
     every file. ``callback`` sees one total, the bytes of every valid manifest, and then the bytes
-    as they are hashed (``full=True`` only). Raises what :func:`find_checkpoints` raises, and
-    ``OSError`` on a storage error.
+    as they are hashed (``full=True`` only). A checkpoint deleted since the listing (a rotation) is
+    left out, with a WARNING. Raises what :func:`find_checkpoints` raises, and ``OSError`` on a
+    storage error.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
     paths = {name: storage.join(root_, name) for name in checkpoint_names(fs_, root_)}
-    manifests = {name: _manifest_or_error(fs_, path) for name, path in paths.items()}
+    manifests: dict[str, Manifest | ManifestNotFoundError | ManifestError] = {}
+    for name, path in paths.items():
+        with _unless_vanished(fs_, path):
+            manifests[name] = _manifest_or_error(fs_, path)
     share = None
     if full and callback is not None:
         callback.set_size(sum(m.total_bytes or 0 for m in manifests.values() if isinstance(m, Manifest)))
         share = _Share(callback)
-    return [
-        _status_of(fs_, path, name, manifests[name], full=full, strict=strict, max_workers=max_workers, callback=share)
-        for name, path in paths.items()
-    ]
+    out = []
+    for name, manifest in manifests.items():
+        path = paths[name]
+        with _unless_vanished(fs_, path):
+            out.append(
+                _status_of(fs_, path, name, manifest, full=full, strict=strict, max_workers=max_workers, callback=share)
+            )
+    return out
+
+
+@contextlib.contextmanager
+def _unless_vanished(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
+    """Swallow (and log) the ``FileNotFoundError`` of a checkpoint deleted since the listing."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if isinstance(exc, ManifestNotFoundError):
+            raise
+        log.warning("leaving out %s (vanished since the listing): %s", checkpoint_url(fs, path), exc)
 
 
 class _Share(Callback):  # type: ignore[misc]  # fsspec is untyped

@@ -49,8 +49,10 @@ _SUM_ESCAPES = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
 _DSSE_IN_TOTO = "application/vnd.in-toto+json"
 _IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
 _MODEL_SIGNING_PREDICATE = "https://model_signing/signature/v1.0"
-_SHARD_ALGORITHM = re.compile(r"sha256-sharded-(\d+)(?:\.0)?")
-_SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>\d+):(?P<end>\d+)", re.DOTALL)
+# ASCII digits only (``\d`` takes any script's, which ``int`` converts), and at most 20 of them: no
+# byte offset has more, and ``int`` refuses strings of over 4300 digits with a plain ValueError.
+_SHARD_ALGORITHM = re.compile(r"sha256-sharded-([0-9]{1,20})(?:\.0)?")
+_SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>[0-9]{1,20}):(?P<end>[0-9]{1,20})", re.DOTALL)
 
 
 def load(data: bytes, format: str = "auto") -> Manifest:
@@ -86,7 +88,8 @@ def detect(data: bytes) -> str:
             "JSON manifest of no known format: not integrity_fs (no 'version'), not Megatron (no 'files'), "
             "not a model_signing bundle (no 'dsseEnvelope')"
         )
-    first = data.split(b"\n", 1)[0].lstrip(b"\\")
+    # `sha256sum -c` skips blank lines; so does the reader, and so must detection.
+    first = next((line for line in data.splitlines() if line.strip()), b"").lstrip(b"\\")
     if _SUM_LINE.fullmatch(first.decode("utf-8", "replace")) or first.startswith(b"SHA256 ("):
         return "sha256sum"
     raise ManifestError(f"not a manifest in any known format ({', '.join(FORMATS)})")
@@ -136,12 +139,12 @@ def _json_object(data: bytes, what: str) -> dict[str, Any]:
         obj = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{what} is not UTF-8: {exc}") from exc
-    except json.JSONDecodeError as exc:
+    except ManifestError as exc:
+        raise ManifestError(f"{what}: {exc}") from exc
+    except ValueError as exc:  # JSONDecodeError, and an integer of more digits than int() takes
         raise ManifestError(f"{what} is not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise ManifestError(f"{what} JSON is nested too deeply") from exc
-    except ManifestError as exc:
-        raise ManifestError(f"{what}: {exc}") from exc
     if not isinstance(obj, dict):
         raise ManifestError(f"{what} must be a JSON object, not {type(obj).__name__}")
     return obj

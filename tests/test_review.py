@@ -1,0 +1,180 @@
+"""Adversarial review of formats, signing, checkpoints and attested verification: each test is a
+defect found by attacking the public API (a wrong exception class, a crash over a checkpoint
+deleted by rotation, a read of a vanished file raised as a storage error)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+from conftest import Backend
+from fsspec.implementations.memory import MemoryFileSystem
+
+import integrity_fs as ifs
+from integrity_fs import IntegrityError, ManifestError, checkpoints, formats
+
+HUGE = "9" * 5000  # more digits than Python converts to int by default (4300)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _bundle(resources: list[dict[str, Any]], *, method: str = "shards", shard_size: float = 4.0) -> bytes:
+    """An unsigned model_signing bundle over ``resources`` (formats.load checks no signature)."""
+    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in resources)).hexdigest()
+    serialization: dict[str, Any] = {"method": method, "hash_type": "sha256"}
+    if method == "shards":
+        serialization["shard_size"] = shard_size
+    statement = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "m", "digest": {"sha256": root}}],
+        "predicateType": "https://model_signing/signature/v1.0",
+        "predicate": {"serialization": serialization, "resources": resources},
+    }
+    payload = base64.b64encode(json.dumps(statement).encode()).decode()
+    return json.dumps({"dsseEnvelope": {"payloadType": "application/vnd.in-toto+json", "payload": payload}}).encode()
+
+
+# --- formats: every parse failure is a ManifestError (CLI exit 3), never a plain ValueError ----------
+
+
+@pytest.mark.parametrize("format", ["auto", "megatron", "integrity_fs"])
+def test_json_manifest_with_a_huge_integer_is_a_manifest_error(format: str) -> None:
+    data = f'{{"files": {{"a": "{_sha(b"")}"}}, "n": {HUGE}}}'.encode()
+    with pytest.raises(ManifestError):
+        formats.load(data, format)
+
+
+def test_bundle_whose_payload_holds_a_huge_integer_is_a_manifest_error() -> None:
+    data = _bundle([{"name": "a:0:4", "algorithm": "sha256-sharded-4", "digest": _sha(b"abcd")}])
+    bundle = json.loads(data)
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    text = json.dumps(statement).replace('"shard_size": 4.0', f'"shard_size": {HUGE}')
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(text.encode()).decode()
+    with pytest.raises(ManifestError):
+        formats.load(json.dumps(bundle).encode())
+
+
+def test_shard_offsets_with_huge_integers_are_a_manifest_error() -> None:
+    data = _bundle([{"name": f"a:{HUGE}:{HUGE}1", "algorithm": "sha256-sharded-4", "digest": _sha(b"x")}])
+    with pytest.raises(ManifestError, match="shard"):
+        formats.load(data)
+
+
+def test_verify_with_a_manifest_file_holding_a_huge_integer_is_a_manifest_error(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "integrity.json").write_text(f'{{"files": {{"a": "{_sha(b"x")}"}}, "n": {HUGE}}}')
+    with pytest.raises(ManifestError, match="integrity.json"):
+        ifs.verify(tmp_path, manifest="integrity.json")
+
+
+def test_sha256sum_file_with_leading_blank_lines_is_read(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "SUMS").write_text(f"\n\n{_sha(b'x')}  a\n")
+    assert ifs.verify(tmp_path, manifest="SUMS").files_checked == 1
+    (tmp_path / "a").write_bytes(b"y")
+    with pytest.raises(IntegrityError, match="a: mismatch"):
+        ifs.verify(tmp_path, manifest="SUMS")
+
+
+def test_shard_offsets_are_ascii_digits_only() -> None:
+    # Arabic-Indic digits: not a name model_signing writes; int() would take it.
+    data = _bundle([{"name": "a:\u0660:\u0664", "algorithm": "sha256-sharded-4", "digest": _sha(b"abcd")}])
+    with pytest.raises(ManifestError, match="shard name"):
+        formats.load(data)
+
+
+# --- checkpoints: a candidate deleted by rotation is skipped, never raised as an outage -----------
+
+
+def _checkpoint(root: Path, name: str) -> None:
+    (root / name).mkdir()
+    (root / name / "model.bin").write_bytes(os.urandom(100))
+    ifs.seal(root / name)
+
+
+class _DeleteOnSkip(logging.Handler):
+    """Deletes ``victim`` when latest_verified logs that it skips a newer checkpoint: the run's
+    rotation removing an old checkpoint while a resume looks for the newest good one."""
+
+    def __init__(self, victim: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.victim = victim
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("skipping") and self.victim.exists():
+            for file in self.victim.iterdir():
+                file.unlink()
+            self.victim.rmdir()
+
+
+def test_latest_verified_skips_a_candidate_that_vanishes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("step_1", "step_2", "step_3"):
+        _checkpoint(tmp_path, name)
+    (tmp_path / "step_3" / "model.bin").write_bytes(b"damaged")
+    handler = _DeleteOnSkip(tmp_path / "step_2")
+    logger = logging.getLogger("integrity_fs")
+    logger.addHandler(handler)
+    try:
+        found = ifs.latest_verified(tmp_path)
+    finally:
+        logger.removeHandler(handler)
+    assert found is not None and found[0] == str(tmp_path / "step_1")
+    assert any("step_2" in r.getMessage() and "vanished" in r.getMessage() for r in caplog.records)
+
+
+class _PhantomMemory(MemoryFileSystem):  # type: ignore[misc]
+    """A listing that still shows ``run/step_9``, deleted since (an eventually consistent store,
+    or a rotation between the listing and the reads)."""
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        out = super().ls(path, detail=detail, **kwargs)
+        if path.rstrip("/").endswith("/run") and detail:
+            out = [*out, {"name": path.rstrip("/") + "/step_9", "type": "directory", "size": 0}]
+        return out
+
+
+def test_status_leaves_out_a_candidate_that_vanishes() -> None:
+    fs = _PhantomMemory()
+    root = f"/review-{os.getpid()}/run"
+    fs.pipe(f"{root}/step_1/model.bin", b"weights")
+    ifs.seal(f"{root}/step_1", fs=fs)
+    try:
+        rows = checkpoints.status(root, fs=fs)
+        assert [(r.name, r.verdict) for r in rows] == [("step_1", "ok")]
+        assert ifs.latest_verified(root, fs=fs) is not None
+    finally:
+        fs.rm(f"/review-{os.getpid()}", recursive=True)
+
+
+# --- attested verification: a file gone since the listing is "missing", never an OSError -----------
+
+
+def test_attested_verify_reports_a_vanished_file_as_missing(s3_backend: Backend) -> None:
+    s3_backend.write("kept.bin", b"kept")
+    s3_backend.write("gone.bin", b"gone")
+    ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
+
+    class StaleListing(s3fs.S3FileSystem):  # type: ignore[misc]
+        """Lists ``gone.bin`` after it was deleted (the listing came before the delete)."""
+
+        def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            out = super().find(path, *args, **kwargs)
+            name = f"{s3_backend.root}/gone.bin"
+            if kwargs.get("detail"):
+                out[name] = {"name": name, "type": "file", "size": 4}
+            return out
+
+    s3_backend.remove("gone.bin")
+    fs = StaleListing(**s3_backend.storage_options, skip_instance_cache=True)
+    with pytest.raises(IntegrityError) as caught:
+        ifs.verify(s3_backend.root, fs=fs, attested=True)
+    assert [(p.path, p.kind) for p in caught.value.report.problems] == [("gone.bin", "missing")]
