@@ -11,10 +11,7 @@ not checked here (that is ``model_signing verify``), and Megatron lists top-leve
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -24,10 +21,9 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from . import storage
+from . import signing, storage
 from .errors import ManifestError, ManifestNotFoundError
-from .hashing import combine_chunk_digests
-from .manifest import MANIFEST_FILENAME, Manifest, check_name
+from .manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
 
 __all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load", "read_manifest_file"]
 
@@ -39,20 +35,11 @@ FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_sign
 #: What :func:`dump` writes.
 DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "megatron")
 
-_ANY_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 # GNU coreutils: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode), which `sha256sum -c` also
 # takes as "<hex> <name>" (BSD's `sha256 -r`); --tag: "SHA256 (<name>) = <hex>".
 _SUM_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64})(?: [ *]| )(?P<name>.+)", re.DOTALL)
 _TAG_LINE = re.compile(r"SHA256 \((?P<name>.+)\) = (?P<hex>[0-9a-fA-F]{64})", re.DOTALL)
 _SUM_ESCAPES = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
-
-_DSSE_IN_TOTO = "application/vnd.in-toto+json"
-_IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
-_MODEL_SIGNING_PREDICATE = "https://model_signing/signature/v1.0"
-# ASCII digits only (``\d`` takes any script's, which ``int`` converts), and at most 20 of them: no
-# byte offset has more, and ``int`` refuses strings of over 4300 digits with a plain ValueError.
-_SHARD_ALGORITHM = re.compile(r"sha256-sharded-([0-9]{1,20})(?:\.0)?")
-_SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>[0-9]{1,20}):(?P<end>[0-9]{1,20})", re.DOTALL)
 
 
 def load(data: bytes, format: str = "auto") -> Manifest:
@@ -125,26 +112,8 @@ def _sum_line(name: str, digest: str) -> str:
 # --- readers -----------------------------------------------------------------------------------
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ManifestError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def _json_object(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{what} is not UTF-8: {exc}") from exc
-    except ManifestError as exc:
-        raise ManifestError(f"{what}: {exc}") from exc
-    except ValueError as exc:  # JSONDecodeError, and an integer of more digits than int() takes
-        raise ManifestError(f"{what} is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ManifestError(f"{what} JSON is nested too deeply") from exc
+    obj = parse_json(data, what)
     if not isinstance(obj, dict):
         raise ManifestError(f"{what} must be a JSON object, not {type(obj).__name__}")
     return obj
@@ -232,137 +201,13 @@ def _unescape(name: str, number: int) -> str:
 
 
 def _read_model_signing(data: bytes) -> Manifest:
-    bundle = _json_object(data, "model_signing bundle")
-    envelope = bundle.get("dsseEnvelope")
-    if not isinstance(envelope, dict):
-        raise ManifestError("not a model_signing bundle: no 'dsseEnvelope' (only DSSE bundles are supported)")
-    if envelope.get("payloadType") != _DSSE_IN_TOTO:
-        raise ManifestError(
-            f"model_signing bundle: payload type {envelope.get('payloadType')!r} is not supported "
-            f"(expected {_DSSE_IN_TOTO})"
-        )
+    """The digests a model_signing bundle lists, read by the parser that ``signing`` checks
+    signatures with; the signature itself is not checked here."""
     try:
-        payload = base64.b64decode(str(envelope.get("payload", "")), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ManifestError(f"model_signing bundle: the DSSE payload is not base64: {exc}") from exc
-    statement = _json_object(payload, "model_signing bundle: in-toto statement")
-    if statement.get("_type") != _IN_TOTO_STATEMENT:
-        raise ManifestError(f"model_signing bundle: statement type {statement.get('_type')!r} is not supported")
-    if statement.get("predicateType") != _MODEL_SIGNING_PREDICATE:
-        raise ManifestError(
-            f"model_signing bundle: predicate type {statement.get('predicateType')!r} is not supported "
-            f"(this reader knows {_MODEL_SIGNING_PREDICATE})"
-        )
-    predicate = statement.get("predicate")
-    if not isinstance(predicate, dict):
-        raise ManifestError("model_signing bundle: the statement has no predicate object")
-    resources = predicate.get("resources")
-    serialization = predicate.get("serialization")
-    if not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources):
-        raise ManifestError("model_signing bundle: 'resources' is not a list of objects")
-    if not isinstance(serialization, dict):
-        raise ManifestError("model_signing bundle: the predicate has no 'serialization' object")
-    method = serialization.get("method")
-    if serialization.get("hash_type") != "sha256":
-        raise ManifestError(
-            f"model_signing bundle: hash type {serialization.get('hash_type')!r} is not supported (only sha256)"
-        )
-    _check_root_digest(statement.get("subject"), resources)
-    try:
-        if method == "files":
-            return _model_signing_files(resources)
-        if method == "shards":
-            return _model_signing_shards(resources, serialization.get("shard_size"))
+        _bundle, payload = signing.read_envelope(data)
+        return signing.signed_manifest(signing.read_statement(payload))
     except ManifestError as exc:
         raise ManifestError(f"model_signing bundle: {exc}") from exc
-    raise ManifestError(f"model_signing bundle: serialization method {method!r} is not supported (files, shards)")
-
-
-def _check_root_digest(subjects: object, resources: list[dict[str, Any]]) -> None:
-    """model_signing's own consistency check: the subject digest is the SHA-256 of every resource
-    digest's bytes, in order."""
-    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
-        raise ManifestError("model_signing bundle: the statement must have exactly one subject")
-    digest = subjects[0].get("digest")
-    expected = digest.get("sha256") if isinstance(digest, dict) else None
-    hasher = hashlib.sha256()
-    for resource in resources:
-        value = resource.get("digest")
-        if not isinstance(value, str) or not _ANY_HEX.fullmatch(value):
-            raise ManifestError(f"model_signing bundle: {resource.get('name')!r} has no hex digest")
-        hasher.update(bytes.fromhex(value))
-    if expected != hasher.hexdigest():
-        raise ManifestError(
-            f"model_signing bundle is inconsistent: the subject digest is {expected!r}, "
-            f"the resources hash to {hasher.hexdigest()!r}"
-        )
-
-
-def _model_signing_files(resources: list[dict[str, Any]]) -> Manifest:
-    files: dict[str, str] = {}
-    for resource in resources:
-        name = resource.get("name")
-        if _is_ours(name, "model_signing bundle"):
-            continue
-        if resource.get("algorithm") != "sha256":
-            raise ManifestError(f"{name!r}: digest algorithm {resource.get('algorithm')!r} is not supported")
-        if name in files:
-            raise ManifestError(f"{name!r} is listed twice")
-        files[check_name(name)] = str(resource["digest"]).lower()
-    return Manifest(files=files)
-
-
-def _model_signing_shards(resources: list[dict[str, Any]], shard_size: object) -> Manifest:
-    size = _shard_size(shard_size)
-    shards: dict[str, dict[int, tuple[int, str]]] = {}
-    for resource in resources:
-        name = resource.get("name")
-        algorithm = resource.get("algorithm")
-        found = _SHARD_ALGORITHM.fullmatch(algorithm) if isinstance(algorithm, str) else None
-        if found is None or int(found[1]) != size:
-            raise ManifestError(
-                f"{name!r}: digest algorithm {algorithm!r} is not supported (expected sha256-sharded-{size})"
-            )
-        parsed = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
-        if parsed is None:
-            raise ManifestError(f"shard name {name!r} is not '<path>:<start>:<end>'")
-        if _is_ours(parsed["path"], "model_signing bundle"):
-            continue
-        path = check_name(parsed["path"])
-        start, end = int(parsed["start"]), int(parsed["end"])
-        if start in shards.setdefault(path, {}):
-            raise ManifestError(f"shard {name!r} is listed twice")
-        shards[path][start] = (end, str(resource["digest"]).lower())
-    files: dict[str, str] = {}
-    sizes: dict[str, int] = {}
-    chunks: dict[str, tuple[str, ...]] = {}
-    for path, by_start in shards.items():
-        digests: list[str] = []
-        offset = 0
-        final = max(by_start)
-        for start in sorted(by_start):
-            end, digest = by_start[start]
-            last = start == final
-            if start != offset or not (end - start == size or (last and 0 < end - start < size)):
-                raise ManifestError(
-                    f"shards of {path!r} are not consecutive shards of {size} bytes from 0 "
-                    f"(unexpected {path}:{start}:{end}); only a fixed shard size is supported"
-                )
-            digests.append(digest)
-            offset = end
-        files[path] = combine_chunk_digests("sha256", digests)
-        sizes[path] = offset
-        chunks[path] = tuple(digests)
-    return Manifest(files=files, sizes=sizes, granularity="chunk", chunk_size=size, chunks=chunks)
-
-
-def _shard_size(value: object) -> int:
-    """model_signing 1.1.1 writes ``shard_size`` as a float (``1048576.0``): accept integral ones."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ManifestError(f"shard size {value!r} is not supported (a positive whole number of bytes)")
-    return value
 
 
 _READERS: dict[str, Callable[[bytes], Manifest]] = {

@@ -141,33 +141,37 @@ class Manifest:
         last one wins) and the non-standard ``NaN``/``Infinity`` are refused, and so is
         anything else the parser refuses (such as an integer too long to convert).
         """
-        try:
-            text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
-            data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-        except UnicodeDecodeError as e:
-            raise ManifestError(f"manifest is not UTF-8: {e}") from e
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"manifest is not valid JSON: {e}") from e
-        except RecursionError as e:
-            raise ManifestError("manifest JSON is nested too deeply") from e
-        except ManifestError:
-            raise
-        except ValueError as e:  # e.g. the int conversion limit: "Exceeds the limit (4300 digits)"
-            raise ManifestError(f"manifest is not valid JSON: {e}") from e
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json(raw))
+
+
+def parse_json(raw: bytes | str, what: str = "manifest") -> Any:
+    """``raw`` parsed as strict JSON: a key repeated in an object, ``NaN``/``Infinity``, and
+    anything else the parser refuses (an integer too long to convert, deep nesting) are a
+    ``ManifestError`` naming ``what``. Every manifest format's JSON goes through here."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{what} is not UTF-8: {e}") from e
+    except RecursionError as e:
+        raise ManifestError(f"{what} JSON is nested too deeply") from e
+    except ManifestError as e:
+        raise ManifestError(f"{what}: {e}") from e
+    except ValueError as e:  # JSONDecodeError, and the int conversion limit ("Exceeds the limit")
+        raise ManifestError(f"{what} is not valid JSON: {e}") from e
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ManifestError(f"manifest JSON repeats the key {key!r} in one object")
+            raise ManifestError(f"JSON repeats the key {key!r} in one object")
         out[key] = value
     return out
 
 
 def _no_constant(name: str) -> Any:
-    raise ManifestError(f"manifest JSON holds {name}, which JSON does not allow")
+    raise ManifestError(f"JSON holds {name}, which JSON does not allow")
 
 
 def _is_int(value: object) -> bool:

@@ -18,19 +18,23 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from .errors import ManifestError, SignatureError
 from .hashing import chunk_count, chunk_range, combine_chunk_digests
-from .manifest import MANIFEST_FILENAME, Manifest, check_name
+from .manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
 
     from .core import Problem
+
+log = logging.getLogger("integrity_fs")
 
 SIGNATURE_FILENAME = "model.sig"
 INSTALL_HINT = "pip install 'integrity-fs[sign]'"
@@ -240,40 +244,156 @@ def sign(manifest: Manifest, private_key: PrivateKey, model_name: str) -> bytes:
     return json.dumps(bundle, separators=(",", ":")).encode("utf-8")
 
 
-# --- bundle -> verified resources ---------------------------------------------------------------
+# --- bundle -> statement -> resources: the one model_signing parser (formats reads bundles too) --
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
+def read_envelope(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """A model_signing bundle's JSON object and the in-toto statement it carries (the DSSE
+    payload's bytes); the signature is not checked here. ``ManifestError`` says what is wrong."""
+    bundle = parse_json(data, "the bundle")
+    if not isinstance(bundle, dict):
+        raise ManifestError(f"the bundle must be a JSON object, not {type(bundle).__name__}")
+    envelope = bundle.get("dsseEnvelope")
+    if not isinstance(envelope, dict):
+        raise ManifestError("not a model_signing bundle: no 'dsseEnvelope' (only DSSE bundles are supported)")
+    if envelope.get("payloadType") != PAYLOAD_TYPE:
+        raise ManifestError(f"payload type {envelope.get('payloadType')!r} is not supported (expected {PAYLOAD_TYPE})")
+    return bundle, _b64(envelope.get("payload"), "the DSSE payload")
 
 
-def _json(data: bytes, what: str, location: str) -> Any:
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise SignatureError(f"{what} is not valid JSON ({exc})", location=location) from exc
+def read_statement(payload: bytes) -> Signed:
+    """The resources an in-toto statement of model_signing lists, checked: its types, one
+    subject whose digest is the SHA-256 of the resources' digests in order, the ``files`` or
+    ``shards`` serialization of SHA-256, every name a manifest name (shards ``name:start:end``)
+    listed once. Entries for this project's manifest (model_signing run over a sealed directory
+    without ignoring it) are left out. ``ManifestError`` says what is wrong."""
+    doc = parse_json(payload, "the in-toto statement")
+    if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
+        kind = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
+        raise ManifestError(f"statement type {kind!r} is not supported (expected {STATEMENT_TYPE})")
+    if doc.get("predicateType") != PREDICATE_TYPE:
+        raise ManifestError(
+            f"predicate type {doc.get('predicateType')!r} is not supported (this reader knows {PREDICATE_TYPE})"
+        )
+    subjects = doc.get("subject")
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        raise ManifestError("the statement must have exactly one subject")
+    digest = subjects[0].get("digest")
+    root = digest.get("sha256") if isinstance(digest, dict) else None
+    model_name = subjects[0].get("name")
+    predicate = doc.get("predicate")
+    serialization = predicate.get("serialization") if isinstance(predicate, dict) else None
+    listed = predicate.get("resources") if isinstance(predicate, dict) else None
+    if not isinstance(serialization, dict):
+        raise ManifestError("the predicate has no 'serialization' object")
+    if not isinstance(listed, list) or not all(isinstance(r, dict) for r in listed):
+        raise ManifestError("'resources' is not a list of objects")
+    method = serialization.get("method")
+    if serialization.get("hash_type") != "sha256":
+        raise ManifestError(f"hash type {serialization.get('hash_type')!r} is not supported (only sha256)")
+    if method not in ("files", "shards"):
+        raise ManifestError(f"serialization method {method!r} is not supported (files, shards)")
+    shard_size = _shard_size(serialization.get("shard_size")) if method == "shards" else None
+    hasher = hashlib.sha256()
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    for item in listed:
+        name, algorithm, value = item.get("name"), item.get("algorithm"), item.get("digest")
+        if not isinstance(value, str) or not _SHA256.fullmatch(value):
+            raise ManifestError(f"{name!r} has no SHA-256 digest (64 hex digits): {value!r}")
+        hasher.update(bytes.fromhex(value))
+        path = _resource_path(name, algorithm, shard_size)
+        if name in seen:
+            raise ManifestError(f"{name!r} is listed twice")
+        seen.add(name)
+        if path == MANIFEST_FILENAME:
+            log.warning("the signed statement lists %s: left out (a manifest is not verified against another)", name)
+            continue
+        out[name] = value.lower()
+    if hasher.hexdigest() != root:
+        raise ManifestError(
+            f"the statement is inconsistent: its resources do not hash to its root digest "
+            f"(subject digest {root!r}, resources {hasher.hexdigest()!r})"
+        )
+    return Signed(method, shard_size, out, model_name if isinstance(model_name, str) else "")
 
 
-def _get(obj: Any, *path: str, what: str, location: str) -> Any:
-    for key in path:
-        if not isinstance(obj, dict) or key not in obj:
-            raise SignatureError(f"{what} has no {'.'.join(path)}", location=location)
-        obj = obj[key]
-    return obj
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+# ASCII digits only (``\d`` takes any script's, which ``int`` converts), and at most 20 of them: no
+# byte offset has more, and ``int`` refuses strings of over 4300 digits with a plain ValueError.
+_SHARD_ALGORITHM = re.compile(r"sha256-sharded-([0-9]{1,20})(?:\.0)?")
+_SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>[0-9]{1,20}):(?P<end>[0-9]{1,20})", re.DOTALL)
 
 
-def _b64(text: object, what: str, location: str) -> bytes:
+def _resource_path(name: object, algorithm: object, shard_size: int | None) -> str:
+    """The file a resource is of (its name, or a shard's path), checked as a manifest name."""
+    if shard_size is None:
+        if algorithm != "sha256":
+            raise ManifestError(f"{name!r}: digest algorithm {algorithm!r} is not supported (expected sha256)")
+        path = name
+    else:
+        found = _SHARD_ALGORITHM.fullmatch(algorithm) if isinstance(algorithm, str) else None
+        if found is None or int(found[1]) != shard_size:
+            raise ManifestError(
+                f"{name!r}: digest algorithm {algorithm!r} is not supported (expected sha256-sharded-{shard_size})"
+            )
+        parsed = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
+        if parsed is None or int(parsed["start"]) >= int(parsed["end"]):
+            raise ManifestError(f"shard name {name!r} is not '<path>:<start>:<end>' with start < end")
+        path = parsed["path"]
+    if path == MANIFEST_FILENAME:
+        return path
+    return check_name(path)
+
+
+def _shard_size(value: object) -> int:
+    """model_signing 1.1.1 writes ``shard_size`` as a float (``1048576.0``): accept integral ones."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ManifestError(f"shard size {value!r} is not supported (a positive whole number of bytes)")
+    return value
+
+
+def _b64(text: object, what: str) -> bytes:
     if not isinstance(text, str):
-        raise SignatureError(f"{what} is not a base64 string", location=location)
+        raise ManifestError(f"{what} is not a base64 string")
     try:
         return base64.b64decode(text, validate=True)
-    except binascii.Error as exc:
-        raise SignatureError(f"{what} is not valid base64 ({exc})", location=location) from exc
+    except (binascii.Error, ValueError) as exc:
+        raise ManifestError(f"{what} is not valid base64 ({exc})") from exc
+
+
+def signed_manifest(signed: Signed) -> Manifest:
+    """The manifest of what ``signed`` lists. Shards become a chunk manifest with ``chunk_size =
+    shard_size``: each file's shards must be its consecutive chunks, and its size is the last
+    shard's end. ``ManifestError`` otherwise."""
+    if signed.method == "files":
+        return Manifest(files=dict(signed.resources))
+    assert signed.shard_size is not None
+    by_file: dict[str, list[tuple[int, int, str]]] = {}
+    for name, digest in signed.resources.items():
+        path, start, end = name.rsplit(":", 2)
+        by_file.setdefault(path, []).append((int(start), int(end), digest))
+    size_of, chunks = {}, {}
+    for path, shards in by_file.items():
+        shards.sort()
+        size = shards[-1][1]
+        want = [chunk_range(size, signed.shard_size, i) for i in range(chunk_count(size, signed.shard_size))]
+        got = [(start, end) for start, end, _ in shards]
+        if got != want:
+            unexpected = next((f"{path}:{a}:{b}" for a, b in got if (a, b) not in want), f"{len(got)} shards")
+            raise ManifestError(
+                f"shards of {path!r} are not consecutive shards of {signed.shard_size} bytes from 0 "
+                f"(unexpected {unexpected}); only a fixed shard size is supported"
+            )
+        size_of[path] = size
+        chunks[path] = tuple(digest for _, _, digest in shards)
+    files = {path: combine_chunk_digests("sha256", digests) for path, digests in chunks.items()}
+    return Manifest(files=files, sizes=size_of, granularity="chunk", chunk_size=signed.shard_size, chunks=chunks)
+
+
+# --- bundle -> verified resources ---------------------------------------------------------------
 
 
 def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Signed:
@@ -285,6 +405,8 @@ def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Si
     key = load_public_key(public_key)
     try:
         return _open_bundle(data, key, location)
+    except ManifestError as exc:
+        raise SignatureError(f"{SIGNATURE_FILENAME}: {exc}", location=location) from exc
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:  # a value of the wrong type
         raise SignatureError(
             f"{SIGNATURE_FILENAME} is malformed ({type(exc).__name__}: {exc})", location=location
@@ -293,20 +415,19 @@ def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Si
 
 def _open_bundle(data: bytes, key: EllipticCurvePublicKey, location: str) -> Signed:
     where = SIGNATURE_FILENAME
-    bundle = _json(data, where, location)
-    if _get(bundle, "mediaType", what=where, location=location) != BUNDLE_MEDIA_TYPE:
+    bundle, payload = read_envelope(data)
+    if bundle.get("mediaType") != BUNDLE_MEDIA_TYPE:
         raise SignatureError(f"{where} is not a Sigstore bundle of media type {BUNDLE_MEDIA_TYPE}", location=location)
-    hint = _get(bundle, "verificationMaterial", what=where, location=location).get("publicKey", {}).get("hint")
+    material = bundle.get("verificationMaterial")
+    if not isinstance(material, dict):
+        raise SignatureError(f"{where} has no verificationMaterial", location=location)
+    hint = material.get("publicKey", {}).get("hint")  # not a dict: AttributeError, "malformed"
     if hint and hint != _key_hint(key):
         raise SignatureError(f"{where} was signed by another key (key hint {hint})", location=location)
-    envelope = _get(bundle, "dsseEnvelope", what=where, location=location)
-    if _get(envelope, "payloadType", what=where, location=location) != PAYLOAD_TYPE:
-        raise SignatureError(f"{where}: the DSSE payload is not of type {PAYLOAD_TYPE}", location=location)
-    payload = _b64(_get(envelope, "payload", what=where, location=location), f"{where} payload", location)
-    signatures = _get(envelope, "signatures", what=where, location=location)
+    signatures = bundle["dsseEnvelope"].get("signatures")
     if not isinstance(signatures, list) or not signatures or not isinstance(signatures[0], dict):
         raise SignatureError(f"{where} holds no signature", location=location)
-    raw = _b64(signatures[0].get("sig"), f"{where} signature", location)
+    raw = _b64(signatures[0].get("sig"), f"{where} signature")
     from cryptography.exceptions import InvalidSignature
 
     try:
@@ -315,115 +436,19 @@ def _open_bundle(data: bytes, key: EllipticCurvePublicKey, location: str) -> Sig
         raise SignatureError(
             f"{where}: the signature does not verify with the given public key", location=location
         ) from exc
-    return _read_statement(payload, location)
-
-
-def _read_statement(payload: bytes, location: str) -> Signed:
-    what = "the signed statement"
-    doc = _json(payload, what, location)
-    if _get(doc, "_type", what=what, location=location) != STATEMENT_TYPE:
-        raise SignatureError(f"{what} is not an in-toto {STATEMENT_TYPE}", location=location)
-    predicate_type = _get(doc, "predicateType", what=what, location=location)
-    if predicate_type != PREDICATE_TYPE:
-        raise SignatureError(f"{what} has predicate type {predicate_type!r}, not {PREDICATE_TYPE}", location=location)
-    subjects = _get(doc, "subject", what=what, location=location)
-    if not isinstance(subjects, list) or len(subjects) != 1:
-        raise SignatureError(f"{what} must have exactly one subject", location=location)
-    root = _get(subjects[0], "digest", "sha256", what=what, location=location)
-    model_name = subjects[0].get("name", "")
-    serialization = _get(doc, "predicate", "serialization", what=what, location=location)
-    method = _get(serialization, "method", what=what, location=location)
-    hash_type = serialization.get("hash_type")
-    if method not in ("files", "shards") or hash_type != "sha256":
-        raise SignatureError(
-            f"{what} uses serialization {method!r} with hash {hash_type!r}; supported: files or shards of sha256",
-            location=location,
-        )
-    shard_size: int | None = None
-    algorithm = "sha256"
-    if method == "shards":
-        size = serialization.get("shard_size")
-        if isinstance(size, float) and size.is_integer():
-            size = int(size)  # model_signing writes the shard size as a float
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise SignatureError(f"{what} has no valid shard_size ({size!r})", location=location)
-        shard_size = size
-        algorithm = f"sha256-sharded-{size}"
-    listed = _get(doc, "predicate", "resources", what=what, location=location)
-    if not isinstance(listed, list):
-        raise SignatureError(f"{what} has no list of resources", location=location)
-    hasher = hashlib.sha256()
-    out: dict[str, str] = {}
-    for item in listed:
-        name, alg, digest = (item.get(k) if isinstance(item, dict) else None for k in ("name", "algorithm", "digest"))
-        if not isinstance(name, str) or alg != algorithm or not _is_sha256(digest):
-            raise SignatureError(f"{what}: resource {item!r} is not a {algorithm} digest of a name", location=location)
-        assert isinstance(digest, str)
-        _check_resource_name(name, method, location)
-        if name in out:
-            raise SignatureError(f"{what} lists {name!r} twice", location=location)
-        out[name] = digest
-        hasher.update(bytes.fromhex(digest))
-    if hasher.hexdigest() != root:
-        raise SignatureError(f"{what} is inconsistent: its resources do not hash to its root digest", location=location)
-    return Signed(method, shard_size, out, model_name if isinstance(model_name, str) else "")
-
-
-def _is_sha256(digest: object) -> bool:
-    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-
-
-def _check_resource_name(name: str, method: str, location: str) -> None:
-    path = name
-    if method == "shards":
-        parts = name.split(":")
-        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[1]) >= int(parts[2]):
-            raise SignatureError(f"signed shard {name!r} is not 'name:start:end'", location=location)
-        path = parts[0]
-    try:
-        check_name(path)
-    except ManifestError as exc:
-        raise SignatureError(f"signed name refused: {exc}", location=location) from exc
+    return read_statement(payload)
 
 
 # --- signed resources vs a manifest -------------------------------------------------------------
 
 
-def _by_file(signed: Signed) -> dict[str, dict[int, tuple[int, str]]]:
-    """Shards: file -> start -> (end, digest)."""
-    out: dict[str, dict[int, tuple[int, str]]] = {}
-    for name, digest in signed.resources.items():
-        path, start, end = name.split(":")
-        out.setdefault(path, {})[int(start)] = (int(end), digest)
-    return out
-
-
 def to_manifest(signed: Signed, *, location: str = "") -> Manifest:
-    """The manifest the signature stands for (used when a checkpoint has no manifest of its own).
-
-    Shards become a chunk manifest with ``chunk_size = shard_size``; each file's shards must
-    be its consecutive chunks, and its size is the last shard's end.
-    """
-    if signed.method == "files":
-        return Manifest(files=dict(signed.resources))
-    assert signed.shard_size is not None
-    size_of, chunks = {}, {}
-    counts: dict[str, int] = {}
-    for name in signed.resources:
-        path = name.rsplit(":", 2)[0]
-        counts[path] = counts.get(path, 0) + 1
-    for path, shards in _by_file(signed).items():
-        size = max(end for end, _ in shards.values())
-        want = [chunk_range(size, signed.shard_size, i) for i in range(chunk_count(size, signed.shard_size))]
-        got = sorted((start, end) for start, (end, _) in shards.items())
-        if got != want or counts[path] != len(want):
-            raise SignatureError(
-                f"signed shards of {path!r} are not consecutive shards of {signed.shard_size} bytes", location=location
-            )
-        size_of[path] = size
-        chunks[path] = tuple(shards[start][1] for start, _ in want)
-    files = {path: combine_chunk_digests("sha256", digests) for path, digests in chunks.items()}
-    return Manifest(files=files, sizes=size_of, granularity="chunk", chunk_size=signed.shard_size, chunks=chunks)
+    """:func:`signed_manifest`, for a checkpoint whose signature stands in for its manifest:
+    ``SignatureError`` when the signed shards are not a chunk manifest."""
+    try:
+        return signed_manifest(signed)
+    except ManifestError as exc:
+        raise SignatureError(f"the signed {exc}", location=location) from exc
 
 
 def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Problem]]:
