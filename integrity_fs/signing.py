@@ -382,10 +382,11 @@ def signed_manifest(signed: Signed) -> Manifest:
         want = [chunk_range(size, signed.shard_size, i) for i in range(chunk_count(size, signed.shard_size))]
         got = [(start, end) for start, end, _ in shards]
         if got != want:
-            unexpected = next((f"{path}:{a}:{b}" for a, b in got if (a, b) not in want), f"{len(got)} shards")
+            odd = [f"unexpected {path}:{a}:{b}" for a, b in got if (a, b) not in want]
+            unexpected = odd[0] if odd else f"{len(want) - len(got)} of its {len(want)} shards missing"
             raise ManifestError(
                 f"shards of {path!r} are not consecutive shards of {signed.shard_size} bytes from 0 "
-                f"(unexpected {unexpected}); only a fixed shard size is supported"
+                f"({unexpected}); only a fixed shard size is supported"
             )
         size_of[path] = size
         chunks[path] = tuple(digest for _, _, digest in shards)

@@ -178,3 +178,35 @@ def test_attested_verify_reports_a_vanished_file_as_missing(s3_backend: Backend)
     with pytest.raises(IntegrityError) as caught:
         ifs.verify(s3_backend.root, fs=fs, attested=True)
     assert [(p.path, p.kind) for p in caught.value.report.problems] == [("gone.bin", "missing")]
+
+
+# --- signing: one parser for bundles, so what formats reads a signature check reads too ---------
+
+
+def test_a_model_signing_signature_that_lists_our_manifest_verifies(tmp_path: Path) -> None:
+    """`model_signing sign` over a sealed checkpoint without --ignore-paths lists the manifest
+    too: that entry is left out (as formats.load always did), the rest is checked."""
+    model_signing = pytest.importorskip("model_signing")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    pem = tmp_path / "key.pem"
+    pem.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    root = tmp_path / "step_1"
+    root.mkdir()
+    (root / "model.bin").write_bytes(os.urandom(1000))
+    ifs.seal(root)
+    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[ifs.SIGNATURE_FILENAME])
+    config = model_signing.signing.Config().use_elliptic_key_signer(private_key=pem)
+    config.set_hashing_config(hashing).sign(root, root / ifs.SIGNATURE_FILENAME)
+
+    assert ifs.verify(root, public_key=private.public_key()).files_checked == 1
+    assert set(formats.load((root / ifs.SIGNATURE_FILENAME).read_bytes()).files) == {"model.bin"}
+    (root / "model.bin").write_bytes(os.urandom(1000))
+    with pytest.raises(IntegrityError, match="model.bin"):
+        ifs.verify(root, public_key=private.public_key())
