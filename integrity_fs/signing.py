@@ -469,7 +469,10 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
         )
         line = f"the signature covers {shape} but the manifest has {manifest.algorithm} {mine}"
         return [line], [Problem(SIGNATURE_FILENAME, "mismatch", expected=shape, actual=mine)]
-    mine_res = resources(manifest)
+    try:
+        mine_res = resources(manifest)
+    except ValueError as exc:  # a name model_signing cannot sign: no signature covers this manifest
+        return [str(exc)], [Problem(SIGNATURE_FILENAME, "mismatch")]
     if signed.method == "files":
         ours: dict[str, dict[str, str]] = {n: {n: d} for n, d in mine_res.items()}
         theirs: dict[str, dict[str, str]] = {n: {n: d} for n, d in signed.resources.items()}

@@ -210,3 +210,18 @@ def test_a_model_signing_signature_that_lists_our_manifest_verifies(tmp_path: Pa
     (root / "model.bin").write_bytes(os.urandom(1000))
     with pytest.raises(IntegrityError, match="model.bin"):
         ifs.verify(root, public_key=private.public_key())
+
+
+def test_a_chunk_manifest_with_a_colon_name_fails_the_signature_check_as_signature_error(tmp_path: Path) -> None:
+    """model_signing's shard names cannot hold ':' (it splits on them): such a file is never
+    signed, so a signature check over it is a SignatureError, not a ValueError (CLI usage error)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "model.bin").write_bytes(os.urandom(1000))
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=256, private_key=private)
+    (tmp_path / "ab:c.bin").write_bytes(b"added after signing")
+    (tmp_path / ifs.MANIFEST_FILENAME).unlink()
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=256)  # resealed without the key
+    with pytest.raises(ifs.SignatureError, match="ab:c.bin"):
+        ifs.verify(tmp_path, public_key=private.public_key())
