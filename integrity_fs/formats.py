@@ -120,11 +120,12 @@ def _json_object(data: bytes, what: str) -> dict[str, Any]:
 
 
 def _is_ours(name: object, where: str) -> bool:
-    """Whether ``name`` is this project's manifest, which another format may list (it was there
-    when that format's tool ran) but which is never verified against another manifest."""
-    if name != MANIFEST_FILENAME:
+    """Whether ``name`` is this project's manifest or signature at the root, which another format
+    may list (they were there when that format's tool ran) but which are never content: a manifest
+    is not verified against another, and ``model.sig`` is checked with ``public_key=``."""
+    if name not in (MANIFEST_FILENAME, signing.SIGNATURE_FILENAME):
         return False
-    log.warning("%s lists %s: left out (a manifest is not verified against another)", where, MANIFEST_FILENAME)
+    log.warning("%s lists %s: left out (never content: it is not verified against this manifest)", where, name)
     return True
 
 

@@ -265,8 +265,8 @@ def read_statement(payload: bytes) -> Signed:
     """The resources an in-toto statement of model_signing lists, checked: its types, one
     subject whose digest is the SHA-256 of the resources' digests in order, the ``files`` or
     ``shards`` serialization of SHA-256, every name a manifest name (shards ``name:start:end``)
-    listed once. Entries for this project's manifest (model_signing run over a sealed directory
-    without ignoring it) are left out. ``ManifestError`` says what is wrong."""
+    listed once. Entries for this project's manifest and ``model.sig`` (model_signing run over a
+    sealed directory without ignoring them) are left out. ``ManifestError`` says what is wrong."""
     doc = parse_json(payload, "the in-toto statement")
     if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
         kind = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
@@ -306,8 +306,8 @@ def read_statement(payload: bytes) -> Signed:
         if name in seen:
             raise ManifestError(f"{name!r} is listed twice")
         seen.add(name)
-        if path == MANIFEST_FILENAME:
-            log.warning("the signed statement lists %s: left out (a manifest is not verified against another)", name)
+        if path in IGNORE_PATHS:
+            log.warning("the signed statement lists %s: left out (never content: not verified against it)", name)
             continue
         out[name] = value.lower()
     if hasher.hexdigest() != root:
@@ -341,7 +341,7 @@ def _resource_path(name: object, algorithm: object, shard_size: int | None) -> s
         if parsed is None or int(parsed["start"]) >= int(parsed["end"]):
             raise ManifestError(f"shard name {name!r} is not '<path>:<start>:<end>' with start < end")
         path = parsed["path"]
-    if path == MANIFEST_FILENAME:
+    if path in IGNORE_PATHS:
         return path
     return check_name(path)
 

@@ -225,3 +225,23 @@ def test_a_chunk_manifest_with_a_colon_name_fails_the_signature_check_as_signatu
     ifs.seal(tmp_path, granularity="chunk", chunk_size=256)  # resealed without the key
     with pytest.raises(ifs.SignatureError, match="ab:c.bin"):
         ifs.verify(tmp_path, public_key=private.public_key())
+
+
+@pytest.mark.parametrize("tool", ["sha256sum", "megatron"])
+def test_a_foreign_manifest_made_over_a_signed_checkpoint_verifies(tmp_path: Path, tool: str) -> None:
+    """`sha256sum *` (or Megatron's writer) run over a sealed and signed checkpoint lists the
+    manifest and model.sig too; model.sig is never content, so listing it is no "missing" file."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    (tmp_path / "a.bin").write_bytes(os.urandom(1000))
+    ifs.seal(tmp_path, private_key=ec.generate_private_key(ec.SECP256R1()))
+    digests = {p.name: _sha(p.read_bytes()) for p in sorted(tmp_path.iterdir())}
+    assert set(digests) == {"a.bin", ifs.MANIFEST_FILENAME, ifs.SIGNATURE_FILENAME}
+    if tool == "sha256sum":
+        (tmp_path / "SUMS").write_text("".join(f"{d}  {n}\n" for n, d in digests.items()))
+    else:
+        (tmp_path / "SUMS").write_text(json.dumps({"algorithm": "sha256", "files": digests}))
+    assert ifs.verify(tmp_path, manifest="SUMS").files_checked == 1
+    (tmp_path / "a.bin").write_bytes(os.urandom(1000))
+    with pytest.raises(IntegrityError, match="a.bin: mismatch"):
+        ifs.verify(tmp_path, manifest="SUMS")
