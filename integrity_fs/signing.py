@@ -310,7 +310,7 @@ def read_statement(payload: bytes) -> Signed:
             log.warning("the signed statement lists %s: left out (never content: not verified against it)", name)
             continue
         out[name] = value.lower()
-    if hasher.hexdigest() != root:
+    if not isinstance(root, str) or hasher.hexdigest() != root.lower():
         raise ManifestError(
             f"the statement is inconsistent: its resources do not hash to its root digest "
             f"(subject digest {root!r}, resources {hasher.hexdigest()!r})"
