@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import datasets, s3
+from benchmarks import attested, datasets, s3
 from benchmarks import dcp as dcp_bench
 from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
 from benchmarks.harness import CORES, REPO, Bench, log
@@ -33,7 +33,7 @@ from benchmarks.report import (
 )
 
 RESULTS = os.path.join(REPO, "benchmarks", "results.md")
-SECTIONS = ("local", "memory", "chunks", "s3", "blake3", "dcp")
+SECTIONS = ("local", "memory", "chunks", "s3", "blake3", "attested", "upload", "signing", "dcp")
 
 
 @dataclass(frozen=True)
@@ -317,6 +317,24 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             reference_by(bench, "verify"),
             False,
         ),
+        (
+            "Attested verification on S3 (moto, issue 12); ratios to the full verify",
+            [r for r in bench.rows if r.section == "attested"],
+            reference_by(bench, "full"),
+            True,
+        ),
+        (
+            "Uploads with and without S3 checksums (moto, issue 12); ratios to s3fs + hashlib",
+            [r for r in bench.rows if r.section == "upload"],
+            reference_by(bench, "plain"),
+            True,
+        ),
+        (
+            "Signing while sealing (issue 16); ratios to seal() without a key",
+            [r for r in bench.rows if r.section == "signing"],
+            reference_by(bench, "plain"),
+            False,
+        ),
     ]
     for title, rows, reference, server in sections:
         if rows:
@@ -342,6 +360,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             "",
         ]
         lines += dcp_lines(dcp_rows, dcp["hash_cpu_s"])
+    lines += attested.lines(bench, cfg.name, cfg.several)
     if lines:
         parts += ["## Targets", "", *lines, ""]
     contended = [f"- {r.dataset}: {r.label}" for r in bench.rows if r.result["contended"]]
@@ -384,7 +403,16 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
     started = time.perf_counter()
     run_baselines(bench)
-    runners = {"local": run_local, "memory": run_memory, "chunks": run_chunks, "s3": run_s3, "blake3": run_blake3}
+    runners = {
+        "local": run_local,
+        "memory": run_memory,
+        "chunks": run_chunks,
+        "s3": run_s3,
+        "blake3": run_blake3,
+        "attested": lambda bench, cfg: attested.run_attested(bench, cfg.name),
+        "upload": lambda bench, cfg: attested.run_upload(bench, cfg.name),
+        "signing": lambda bench, cfg: attested.run_signing(bench, cfg.several),
+    }
     dcp = None
     for section in SECTIONS:
         if section in (args.only or SECTIONS):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 BUCKET = "integrity-fs-bench"
@@ -24,9 +24,10 @@ def storage_options(endpoint: str) -> dict[str, Any]:
 
 
 @contextmanager
-def moto_server() -> Iterator[dict[str, Any]]:
+def moto_server(middleware: Callable[[Any], Any] | None = None) -> Iterator[dict[str, Any]]:
     """Start moto in this process (it serves the child processes over HTTP); yield the
-    storage options that reach it, with an empty bucket ``BUCKET``."""
+    storage options that reach it, with an empty bucket ``BUCKET``. ``middleware`` wraps
+    moto's WSGI application (to count the requests it serves)."""
     import fsspec
     from moto.server import ThreadedMotoServer
 
@@ -34,9 +35,13 @@ def moto_server() -> Iterator[dict[str, Any]]:
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    if middleware is not None:
+        wsgi: Any = server._server  # werkzeug's server, which calls its ``app`` per request
+        wsgi.app = middleware(wsgi.app)
     try:
         options = storage_options(f"http://127.0.0.1:{port}")
-        fsspec.filesystem("s3", **options).mkdir(BUCKET)
+        with suppress(FileExistsError):  # moto's state is per process: an earlier server's bucket stays
+            fsspec.filesystem("s3", **options).mkdir(BUCKET)
         yield options
     finally:
         server.stop()
