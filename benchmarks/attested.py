@@ -157,10 +157,11 @@ def upload_plain(files: list[str], dest: str, options: dict[str, Any], *, block_
 
 @contender(PREFIX + "seal")
 def seal(url: str, *, private_key: str | None = None) -> Run:
-    """``integrity_fs.seal(url)``, with ``private_key`` (a PEM path): also ``model.sig``."""
+    """``integrity_fs.seal(url, overwrite=True)`` (every call reseals the same directory), with
+    ``private_key`` (a PEM path): also ``model.sig``."""
     import integrity_fs
 
-    return lambda: integrity_fs.seal(url, private_key=private_key)
+    return lambda: integrity_fs.seal(url, private_key=private_key, overwrite=True)
 
 
 # --- the moto server's side: which requests each verify makes -------------------------------
