@@ -155,6 +155,26 @@ def upload_plain(files: list[str], dest: str, options: dict[str, Any], *, block_
     return run
 
 
+@contender(PREFIX + "upload-integrity_fs")
+def upload_integrity_fs(src: str, dest: str, options: dict[str, Any], *, chunk_size: int, max_workers: int) -> Run:
+    """``integrity_fs.upload(src, s3://dest, granularity="chunk", overwrite=True)`` of an
+    unsealed directory: sent through SealingWriter and sealed from the bytes sent."""
+    import integrity_fs
+
+    def run() -> object:
+        return integrity_fs.upload(
+            src,
+            f"s3://{dest}",
+            storage_options=options,
+            granularity="chunk",
+            chunk_size=chunk_size,
+            max_workers=max_workers,
+            overwrite=True,
+        )
+
+    return run
+
+
 @contender(PREFIX + "seal")
 def seal(url: str, *, private_key: str | None = None) -> Run:
     """``integrity_fs.seal(url, overwrite=True)`` (every call reseals the same directory), with
@@ -322,27 +342,44 @@ def run_upload(bench: Bench, run_name: str) -> None:
         bare = {**options, "config_kwargs": {"request_checksum_calculation": "when_required"}}
         stream = f's3fs fs.open(path, "wb", block_size={human_size(chunk)}) + hashlib.sha256'
         for name, title, contender_, params in (
-            ("plain", f"{stream}, no checksum on the requests", "upload-plain", {"block_size": chunk, "options": bare}),
+            (
+                "plain",
+                f"{stream}, no checksum on the requests",
+                "upload-plain",
+                {"files": files, "block_size": chunk, "options": bare},
+            ),
             (
                 "plain-crc32",
                 f"{stream}, botocore's default CRC32 on the requests",
                 "upload-plain",
-                {"block_size": chunk, "options": options},
+                {"files": files, "block_size": chunk, "options": options},
             ),
             (
                 "sealing",
                 f"storage.SealingWriter (chunk granularity, {human_size(chunk)}): parts with their SHA-256",
                 "upload-sealing",
-                {"chunk_size": chunk, "options": options},
+                {"files": files, "chunk_size": chunk, "options": options},
+            ),
+            (
+                "integrity_fs",
+                "integrity_fs.upload (chunk granularity, 1 file at a time): SealingWriter, then the manifest",
+                "upload-integrity_fs",
+                {
+                    "src": _linked_copy(bench.root, ds, "upload-src"),
+                    "chunk_size": chunk,
+                    "options": options,
+                    "max_workers": 1,
+                },
             ),
         ):
-            spec = {"files": files, "dest": f"{s3.BUCKET}/upload-{name}", **params}
+            spec = {"dest": f"{s3.BUCKET}/upload-{name}", **params}
             bench.add(
                 "upload", label, title, PREFIX + contender_, spec, ds.total_bytes, key=f"upload:{name}", server=True
             )
         bench.run()
         _s3fs(options).rm(
-            [f"{s3.BUCKET}/upload-{name}" for name in ("plain", "plain-crc32", "sealing")], recursive=True
+            [f"{s3.BUCKET}/upload-{name}" for name in ("plain", "plain-crc32", "sealing", "integrity_fs")],
+            recursive=True,
         )
 
 
@@ -475,6 +512,12 @@ def lines(bench: Bench, run_name: str, signing_ds: Dataset) -> list[str]:
     if sealing and plain:
         name = f"upload with S3 checksums (SealingWriter) vs s3fs + hashlib, {shape(ds)} to moto"
         out.append(_overhead_line(name, sealing, plain, 1.05))
+        upload = f("upload:integrity_fs")
+        if upload:
+            out.append(
+                f"- NOTE integrity_fs.upload of the same files, one at a time (writes the manifest too): "
+                f"{upload.median_s:.3f} s ({upload.median_s / plain.median_s:.2f}x the unchecksummed stream)"
+            )
         crc = f("upload:plain-crc32")
         if crc:
             out.append(
