@@ -165,3 +165,35 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
 
     results = sync(fs_.loop, _run_coros_in_chunks, [one(p) for p in paths], batch_size=CHECKSUM_REQUESTS)
     return dict(zip(paths, results, strict=True))
+
+
+class RangeStream:
+    """Bytes ``[start, end)`` of an S3 object from one ranged GET, read as they arrive.
+
+    The async-file shape ``storage`` streams from (``read(n)``, ``close()``). ``total_size`` is
+    the object's size when the request was answered (from ``Content-Range``), so the end of a
+    file can be confirmed without reading past the range.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> None:
+        assert end > start >= 0
+        self._fs: Any = fs
+        self._path = path
+        self._range = f"bytes={start}-{end - 1}"
+        self.r: Any = None  # the response body, as s3fs's streamed file calls it
+        self.total_size: int | None = None
+
+    async def read(self, n: int = -1) -> bytes:
+        if self.r is None:
+            bucket, key, _ = self._fs.split_path(self._path)
+            out = await self._fs._call_s3("get_object", Bucket=bucket, Key=key, Range=self._range)
+            content_range = str(out.get("ContentRange") or "")
+            total = content_range.rpartition("/")[2]
+            self.total_size = int(total) if total.isdigit() else None
+            self.r = out["Body"]
+        data: bytes = await self.r.read(n)
+        return data
+
+    async def close(self) -> None:
+        if self.r is not None:
+            self.r.close()

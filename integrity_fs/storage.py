@@ -477,10 +477,9 @@ def _hash_once(
     check_end: bool,
     stop: threading.Event | None,
 ) -> str:
-    if offset == 0:
-        digest = _hash_streamed(fs, path, algorithm, length, progress, counter, check_end, stop)
-        if digest is not None:
-            return digest
+    digest = _hash_streamed(fs, path, algorithm, offset, length, progress, counter, check_end, stop)
+    if digest is not None:
+        return digest
     hasher = new_hasher(algorithm)
     buf = memoryview(bytearray(max(1, min(READ_SIZES.get(algorithm, BLOCK_SIZE), length))))
     with open_read(fs, path) as f:
@@ -581,7 +580,14 @@ async def _read_block(f: Any, n: int) -> bytes:
     return b"".join(parts)
 
 
-async def _open_stream(fs: AsyncFileSystem, path: str) -> Any:
+async def _open_stream(fs: AsyncFileSystem, path: str, offset: int, length: int) -> Any:
+    """A stream of ``length`` bytes of ``path`` from ``offset``: on S3 one ranged GET (reading
+    no further than the range), elsewhere ``open_async`` from the start of the file.
+    ``NotImplementedError`` when the backend cannot stream that."""
+    if _s3.is_s3(fs) and length:
+        return _s3.RangeStream(fs, path, offset, offset + length)
+    if offset:
+        raise NotImplementedError("only S3 streams from an offset")
     return await fs.open_async(path, "rb")
 
 
@@ -600,25 +606,27 @@ def _hash_streamed(
     fs: fsspec.AbstractFileSystem,
     path: str,
     algorithm: str,
+    offset: int,
     length: int,
     progress: ProgressFn | None,
     counter: list[int],
     check_end: bool,
     stop: threading.Event | None,
 ) -> str | None:
-    """Digest of the first ``length`` bytes of ``path`` from one streamed GET (``open_async``),
-    hashed in this thread ``BLOCK_SIZE`` at a time; ``None`` when the backend cannot stream.
+    """Digest of ``length`` bytes of ``path`` from ``offset``, from one streamed GET (a ranged
+    GET on S3, ``open_async`` from the start elsewhere), hashed in this thread ``BLOCK_SIZE`` at
+    a time; ``None`` when the backend cannot stream that.
 
-    One request per file, and no cache: ranged reads through ``fs.open`` cost a request per
-    ``REMOTE_BLOCK_SIZE`` and hold a block or two per worker. With ``check_end`` the stream
-    must end right after those bytes.
+    One request per unit, and no cache: ranged reads through ``fs.open`` cost a request per
+    ``REMOTE_BLOCK_SIZE`` and hold a block or two per worker. With ``check_end`` the file must
+    end right after those bytes (the size the store answered with, or one byte more read).
     """
     target = _stream_target(fs, path)
     if target is None:
         return None
     afs, apath = target
     try:
-        f = _on_loop(afs, _open_stream(afs, apath), stop)
+        f = _on_loop(afs, _open_stream(afs, apath, offset, length), stop)
     except NotImplementedError:
         return None
     hasher = new_hasher(algorithm)
@@ -634,9 +642,13 @@ def _hash_streamed(
             counter[0] += len(data)
             if progress is not None:
                 progress(len(data))
-        if check_end and _on_loop(afs, _read_block(f, 1), stop):
+        total = getattr(f, "total_size", None)
+        if check_end and isinstance(total, int):
+            if total > offset + length:
+                raise FileGrewError(path, offset + length, total)
+        elif check_end and _on_loop(afs, _read_block(f, 1), stop):
             size = getattr(f, "size", None)
-            raise FileGrewError(path, length, int(size) if isinstance(size, int) else None)
+            raise FileGrewError(path, offset + length, int(size) if isinstance(size, int) else None)
     finally:
         with contextlib.suppress(Exception):
             _on_loop(afs, _close_stream(f), None)

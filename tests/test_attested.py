@@ -130,3 +130,19 @@ def test_part_layout_follows_s3_limits(
     from integrity_fs import _s3
 
     assert _s3.part_layout(granularity, chunk_size, size) == expected
+
+
+def test_full_verify_reads_each_chunk_with_one_ranged_get(
+    s3_backend: Backend, server_log: pytest.LogCaptureFixture
+) -> None:
+    """Without ``attested``, each chunk of an object is one GET of exactly its range: no GET that
+    runs on past its chunk, no readahead blocks (moto answers each ranged GET from the whole
+    object, and S3 bills every request)."""
+    chunk = 12 * 1024 * 1024  # more than the 8 MiB readahead block of a ranged fs.open read
+    data = os.urandom(2 * chunk + 5)
+    s3_backend.write("big.bin", data)
+    integrity_fs.seal(s3_backend.url, storage_options=s3_backend.storage_options, granularity="chunk", chunk_size=chunk)
+    server_log.clear()
+    report = integrity_fs.verify(s3_backend.url, storage_options=s3_backend.storage_options, max_workers=1)
+    assert report.bytes_checked == len(data)
+    assert _object_gets(server_log.records, s3_backend) == [f"/{s3_backend.root}/big.bin"] * 3

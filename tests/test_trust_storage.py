@@ -403,12 +403,15 @@ def test_self_retrying_backends_are_not_retried_three_times_more(s3_backend: Bac
     b.write("a.bin", b"weights")
     ifs.seal(b.root, fs=b.fs)
     calls = []
+    call_s3 = b.fs._call_s3
 
-    async def reset(path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        calls.append(path)
-        raise ConnectionResetError("reset by peer")
+    async def reset(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object" and kwargs.get("Key", "").endswith("a.bin"):
+            calls.append(kwargs["Key"])
+            raise ConnectionResetError("reset by peer")
+        return await call_s3(method, *args, **kwargs)
 
-    monkeypatch.setattr(b.fs, "open_async", reset)
+    monkeypatch.setattr(b.fs, "_call_s3", reset)
     with pytest.raises(ConnectionResetError):
         ifs.verify(b.root, fs=b.fs)
     assert len(calls) == 2  # s3fs already retries each request itself
