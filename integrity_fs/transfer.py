@@ -21,13 +21,12 @@ from typing import IO, Any
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import core, storage
+from . import core, signing, storage
 from .core import URL
 from .errors import IntegrityError, ManifestError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
 from .report import Problem, Report
-from .signing import SIGNATURE_FILENAME
 
 log = logging.getLogger("integrity_fs")
 
@@ -125,6 +124,7 @@ def upload(
     max_workers: int | None = None,
     callback: Callback | None = None,
     overwrite: bool = False,
+    private_key: signing.PrivateKey | None = None,
 ) -> Manifest:
     """Copy the local directory ``src`` to ``url``, each byte read once; the manifest is written last.
 
@@ -134,7 +134,11 @@ def upload(
     their defaults. An unsealed ``src`` is sealed from exactly the bytes sent. ``FileExistsError``
     when ``url`` holds a manifest, unless ``overwrite=True`` (the old manifest is then deleted
     before any file is sent, so a failed upload leaves ``url`` unsealed, never mis-sealed).
+    With ``private_key`` (a PEM path or a ``cryptography`` EC key, loaded before anything is
+    read), ``model.sig`` is written right after the manifest, signing its digests (those just
+    computed, or the checked source manifest's); a signature beside ``src`` is then not copied.
     """
+    key = None if private_key is None else core.load_signing_key(private_key, algorithm, granularity)
     source = _Side(storage.local_filesystem(), _local_path(src, "src"))
     dst = _Side(*storage.resolve(url, storage_options, fs))
     if storage.is_local(dst.fs) and _overlaps(source.root, dst.root):
@@ -143,6 +147,8 @@ def upload(
     if os.path.lexists(source.path(MANIFEST_FILENAME)):
         raw, manifest = _load_manifest(source)
         _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
+        if key is not None:
+            signing.check_signable(manifest.algorithm, manifest.granularity)
         plan = core.plan_verification(manifest, listing)
         if plan.problems:
             raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
@@ -164,8 +170,13 @@ def upload(
         digests = _unit_digests(granularity, chunk_size, copied)
         manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
         raw = manifest.to_json()
-    _copy_signature(source, dst)
+    if key is None:
+        _copy_signature(source, dst)
+        storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
+        return manifest
+    signature = signing.sign(manifest, key, core.model_name(dst.root))
     storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
+    core.write_signature(dst.fs, dst.root, signature)
     return manifest
 
 
@@ -330,14 +341,14 @@ def _prepare_destination(dst: _Side, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{dst.location} already holds a sealed checkpoint ({MANIFEST_FILENAME})")
     storage.remove_file(dst.fs, path)
-    storage.remove_file(dst.fs, dst.path(SIGNATURE_FILENAME))  # it signed the old content
+    storage.remove_file(dst.fs, dst.path(signing.SIGNATURE_FILENAME))  # it signed the old content
 
 
 def _copy_signature(src: _Side, dst: _Side) -> None:
     """Carry ``model.sig`` along, unchanged (``verify(public_key=)`` checks it wherever it lands)."""
-    path = src.path(SIGNATURE_FILENAME)
+    path = src.path(signing.SIGNATURE_FILENAME)
     if storage.exists(src.fs, path):
-        storage.write_atomic(dst.fs, dst.path(SIGNATURE_FILENAME), storage.read_file(src.fs, path))
+        storage.write_atomic(dst.fs, dst.path(signing.SIGNATURE_FILENAME), storage.read_file(src.fs, path))
 
 
 def _local_path(path: str | os.PathLike[str], what: str) -> str:

@@ -325,3 +325,42 @@ def test_a_signature_travels_with_the_checkpoint(src: Path, s3_backend: Backend,
     (src / ifs.SIGNATURE_FILENAME).unlink()
     uploaded(src, s3_backend, overwrite=True)  # sealed anew from the bytes sent: the old signature must go
     assert ifs.SIGNATURE_FILENAME not in s3_backend.listdir()
+
+
+def test_signed_upload_verifies_with_the_public_key(src: Path, s3_backend: Backend, tmp_path: Path) -> None:
+    """upload(private_key=) signs what it sends (issue 16): sealed from the bytes sent, or the
+    checked source manifest, whose old signature (another key) is replaced, not copied."""
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def keypair(name: str) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        private, public = tmp_path / f"{name}.pem", tmp_path / f"{name}.pub"
+        private.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        public.write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+        return private, public
+
+    ours, theirs = keypair("ours"), keypair("theirs")
+    options = s3_backend.storage_options
+    with pytest.raises(ValueError, match="cannot read the key file"):
+        uploaded(src, s3_backend, private_key=str(tmp_path / "no-such.pem"))
+    assert s3_backend.listdir() == []  # the bad key stopped it before anything was written
+
+    uploaded(src, s3_backend, granularity="chunk", chunk_size=65536, private_key=str(ours[0]))
+    assert ifs.SIGNATURE_FILENAME in s3_backend.listdir()
+    assert ifs.verify(s3_backend.url, storage_options=options, public_key=str(ours[1]), strict=True).ok
+    with pytest.raises(ifs.SignatureError):
+        ifs.verify(s3_backend.url, storage_options=options, public_key=str(theirs[1]))
+
+    ifs.seal(src, private_key=str(theirs[0]))  # a sealed source, signed by another key
+    uploaded(src, s3_backend, overwrite=True, private_key=str(ours[0]))
+    assert ifs.verify(s3_backend.url, storage_options=options, public_key=str(ours[1])).ok
+    with pytest.raises(ifs.SignatureError):
+        ifs.verify(s3_backend.url, storage_options=options, public_key=str(theirs[1]))
