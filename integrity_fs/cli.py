@@ -24,10 +24,10 @@ from typing import Any, NoReturn
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from . import __version__, demo, transfer
-from .core import read_manifest, seal, verify
-from .errors import IntegrityError, ManifestError, ManifestNotFoundError
-from .hashing import GRANULARITIES
+from . import __version__, checkpoints, demo, formats, signing, transfer
+from .core import read_manifest, seal, sign, verify
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from .hashing import ALGORITHMS, DEFAULT_ALGORITHM, GRANULARITIES
 from .manifest import MANIFEST_FILENAME
 from .report import Report
 from .text import describe_problem, extra_note, format_bytes, format_work, name_problems, parse_size
@@ -43,11 +43,28 @@ EXIT_STORAGE = 4
 #: How many of the largest files ``show`` lists.
 LARGEST_SHOWN = 5
 #: Extras that install a missing optional package, by the package's import name.
-EXTRAS = {"s3fs": "s3", "gcsfs": "gcs", "tqdm": "progress", "torch": "torch", "numpy": "torch", "moto": "demo"}
+EXTRAS = {
+    "s3fs": "s3",
+    "gcsfs": "gcs",
+    "tqdm": "progress",
+    "torch": "torch",
+    "numpy": "torch",
+    "moto": "demo",
+    "cryptography": "sign",
+    "blake3": "blake3",
+}
 
 
 class UsageError(Exception):
     """The command line asks for something impossible; exit code 2."""
+
+
+class KeyFileError(ValueError):
+    """A key file given with ``--key``, ``--sign-key`` or ``--public-key`` cannot be used; exit code 2."""
+
+
+class NoneVerifiedError(Exception):
+    """``latest`` found no checkpoint that verifies; exit code 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -166,6 +183,28 @@ def print_problems(report: Report) -> None:
         print(f"  {describe_problem(problem)}")
 
 
+def private_key_of(path: str | None) -> Any:
+    """The EC private key in ``path`` (None: no signing), loaded before any checkpoint is read."""
+    return None if path is None else _load_key(path, signing.load_private_key)
+
+
+def public_key_of(path: str | None) -> Any:
+    return None if path is None else _load_key(path, signing.load_public_key)
+
+
+def _load_key(path: str, load: Callable[[str], Any]) -> Any:
+    try:
+        return load(path)
+    except (ValueError, TypeError) as exc:
+        raise KeyFileError(str(exc)) from exc
+
+
+def signed_note(manifest: Any, key_path: str | None) -> None:
+    if key_path is not None:
+        noun = "digest" if len(manifest.files) == 1 else "digests"
+        print(f"wrote {signing.SIGNATURE_FILENAME}: {len(manifest.files)} file {noun} signed with {key_path}")
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -174,20 +213,43 @@ def cmd_seal(args: argparse.Namespace) -> int:
     with progress(args, "seal") as callback:
         manifest = seal(
             args.url,
+            algorithm=args.algorithm,
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
             storage_options=options_of(args),
             max_workers=args.workers,
             callback=callback,
             overwrite=args.force,
+            private_key=private_key_of(args.sign_key),
         )
     work = format_work(len(manifest.files), manifest.total_bytes or 0, time.perf_counter() - started)
     print(f"sealed {args.url}: {work}")
     print(f"wrote {MANIFEST_FILENAME}: {manifest.algorithm}, {manifest.granularity} granularity")
+    signed_note(manifest, args.sign_key)
+    return EXIT_OK
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    key = private_key_of(args.key)
+    started = time.perf_counter()
+    try:
+        with progress(args, "sign") as callback:
+            manifest = sign(
+                args.url, private_key=key, storage_options=options_of(args), max_workers=args.workers, callback=callback
+            )
+    except IntegrityError as err:
+        noun = "problem" if len(err.report.problems) == 1 else "problems"
+        print(f"FAILED {args.url}: {len(err.report.problems)} {noun}; not signed", flush=True)
+        print_problems(err.report)
+        raise
+    work = format_work(len(manifest.files), manifest.total_bytes or 0, time.perf_counter() - started)
+    print(f"verified {args.url}: {work}")
+    signed_note(manifest, args.key)
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    key = public_key_of(args.public_key)
     started = time.perf_counter()
     try:
         with progress(args, "verify") as callback:
@@ -198,21 +260,32 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 callback=callback,
                 strict=args.strict,
                 quick=args.quick,
+                attested=args.attested,
+                manifest=args.manifest,
+                public_key=key,
             )
     except IntegrityError as err:
-        print_verify_report(args, err.report, time.perf_counter() - started)
+        print_verify_report(args, err.report, time.perf_counter() - started, err)
         raise
     print_verify_report(args, report, time.perf_counter() - started)
     return EXIT_OK
 
 
-def print_verify_report(args: argparse.Namespace, report: Report, elapsed: float) -> None:
+def print_verify_report(
+    args: argparse.Namespace, report: Report, elapsed: float, error: IntegrityError | None = None
+) -> None:
     """JSON with ``--json`` (full digests), else a summary and one line per problem (short digests)."""
     if args.json:
-        print_json({"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick})
+        data = {"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick}
+        data.update(attested=args.attested, manifest=args.manifest, signature_checked=args.public_key is not None)
+        if error is not None:
+            data["error"] = str(error)
+        print_json(data)
         return
-    how = "; names and sizes only, no content read (--quick)" if args.quick else ""
-    if report.ok:
+    how = "".join(verify_notes(args, report))
+    if isinstance(error, SignatureError):
+        print(f"FAILED {args.url}: {error.detail}", flush=True)
+    elif report.ok:
         noun = "file" if report.files_checked == 1 else "files"
         work = (
             f"{report.files_checked} {noun}"
@@ -224,8 +297,89 @@ def print_verify_report(args: argparse.Namespace, report: Report, elapsed: float
         noun = "problem" if len(report.problems) == 1 else "problems"
         print(f"FAILED {args.url}: {len(report.problems)} {noun}{how}", flush=True)
         print_problems(report)
-    if report.extra and not args.strict:
+    if report.extra and not args.strict and not isinstance(error, SignatureError):
         print(extra_note(report.extra, "not checked; --strict rejects such files"))
+
+
+def verify_notes(args: argparse.Namespace, report: Report) -> Iterator[str]:
+    """What the summary line adds: how the files were checked, and against what."""
+    if args.quick:
+        yield "; names and sizes only, no content read (--quick)"
+    if args.manifest is not None:
+        yield f"; against {args.manifest}"
+    if args.public_key is not None and report.ok:
+        yield f"; signature checked with {args.public_key}"
+    if args.attested and not args.quick and report.ok:
+        attested = report.files_attested
+        if attested == report.files_checked and attested:
+            yield "; every file attested by the store, none read (--attested)"
+        elif attested:
+            noun = "file" if attested == 1 else "files"
+            yield f"; {attested} {noun} attested by the store unread, the rest hashed (--attested)"
+        else:
+            yield "; no file attested by the store, all hashed (--attested)"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    data = formats.dump(read_manifest(args.url, storage_options=options_of(args)), args.format)
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text stream (main() called with stdout redirected in-process)
+        sys.stdout.write(data.decode("utf-8"))
+    else:
+        out.write(data)
+        out.flush()
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with progress(args, "status") as callback:
+        found = checkpoints.status(
+            args.root,
+            full=args.full,
+            strict=args.strict,
+            storage_options=options_of(args),
+            max_workers=args.workers,
+            callback=callback if args.full else None,
+        )
+    if args.json:
+        print_json([checkpoint.to_dict() for checkpoint in found])
+        return EXIT_OK
+    if not found:
+        print(f"no checkpoints under {args.root}", file=sys.stderr)
+    width = max((len(checkpoint.name) for checkpoint in found), default=0)
+    digits = max((len(str(checkpoint.files)) for checkpoint in found), default=0)
+    for checkpoint in found:
+        noun = "file" if checkpoint.files == 1 else "files"
+        sealed = "sealed" if checkpoint.sealed else "unsealed"
+        print(
+            f"{checkpoint.name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
+            f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint)}"
+        )
+    return EXIT_OK
+
+
+def status_verdict(checkpoint: checkpoints.CheckpointStatus) -> str:
+    if checkpoint.verdict == "damaged" and checkpoint.problems:
+        return f"damaged: {name_problems(checkpoint.problems, limit=3)}"
+    if checkpoint.verdict == "invalid":
+        return f"invalid: {checkpoint.detail}"
+    return checkpoint.verdict
+
+
+def cmd_latest(args: argparse.Namespace) -> int:
+    found = checkpoints.latest_verified(
+        args.root,
+        quick=args.quick,
+        strict=args.strict,
+        storage_options=options_of(args),
+        max_workers=args.workers,
+        public_key=public_key_of(args.public_key),
+    )
+    if found is None:
+        raise NoneVerifiedError(f"no checkpoint under {args.root} verifies")
+    print(found[0])
+    return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -304,10 +458,13 @@ def cmd_upload(args: argparse.Namespace) -> int:
             max_workers=args.workers,
             callback=callback,
             overwrite=args.force,
+            algorithm=args.algorithm,
+            private_key=private_key_of(args.sign_key),
         )
     work = format_work(len(manifest.files), manifest.total_bytes or 0, time.perf_counter() - started)
     print(f"uploaded {args.src} -> {args.url}: {work}")
     print(f"wrote {MANIFEST_FILENAME} last: {manifest.algorithm}, {manifest.granularity} granularity")
+    signed_note(manifest, args.sign_key)
     return EXIT_OK
 
 
@@ -370,6 +527,37 @@ def add_granularity_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_algorithm(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--algorithm",
+        choices=sorted(ALGORITHMS),
+        default=DEFAULT_ALGORITHM,
+        help=f"hash algorithm (default {DEFAULT_ALGORITHM}, the only one seed-era verifiers read; "
+        "blake3 needs pip install 'integrity-fs[blake3]')",
+    )
+
+
+def add_sign_key(parser: argparse.ArgumentParser, flag: str = "--sign-key", *, required: bool = False) -> None:
+    parser.add_argument(
+        flag,
+        metavar="KEY.pem",
+        required=required,
+        default=None,
+        help=f"EC private key (PEM, unencrypted; P-256, P-384 or P-521): write {signing.SIGNATURE_FILENAME}, "
+        "a model_signing signature of the digests (sha256 only)",
+    )
+
+
+def add_public_key(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--public-key",
+        metavar="KEY.pub",
+        default=None,
+        help=f"EC public key (PEM): {signing.SIGNATURE_FILENAME} must verify with it and cover exactly the "
+        f"manifest's digests; {what}",
+    )
+
+
 def add_json(parser: argparse.ArgumentParser, what: str = "the report") -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout")
 
@@ -381,14 +569,58 @@ def add_force(parser: argparse.ArgumentParser, where: str) -> None:
 def seal_arguments(parser: argparse.ArgumentParser) -> None:
     url_argument()(parser)
     add_force(parser, "URL; only for content you trust")
+    add_algorithm(parser)
     add_granularity_options(parser)
+    add_sign_key(parser)
+
+
+def sign_arguments(parser: argparse.ArgumentParser) -> None:
+    url_argument(help_text="sealed checkpoint: local path or fsspec URL")(parser)
+    add_sign_key(parser, "--key", required=True)
 
 
 def verify_arguments(parser: argparse.ArgumentParser) -> None:
     url_argument()(parser)
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="files not in the manifest are problems too")
+    parser.add_argument(
+        "--attested",
+        action="store_true",
+        help="S3: confirm files whose S3-kept SHA-256 equals the manifest's without reading them "
+        "(trusts S3's own hashing); the rest are hashed",
+    )
+    parser.add_argument(
+        "--manifest",
+        metavar="FILE",
+        default=None,
+        help=f"verify against this manifest instead of {MANIFEST_FILENAME}: any format integrity-fs reads "
+        "(sha256sum, Megatron integrity.json, model_signing model.sig); a relative name is inside URL",
+    )
+    add_public_key(parser, "then the content is verified")
     add_json(parser)
+
+
+def export_arguments(parser: argparse.ArgumentParser) -> None:
+    url_argument(help_text="sealed checkpoint: local path or fsspec URL")(parser)
+    parser.add_argument("--format", required=True, choices=formats.DUMP_FORMATS, help="what to write on stdout")
+
+
+def root_argument(parser: argparse.ArgumentParser) -> None:
+    url_argument("root", "a run's directory, holding one directory per checkpoint: local path or fsspec URL")(parser)
+
+
+def status_arguments(parser: argparse.ArgumentParser) -> None:
+    root_argument(parser)
+    parser.add_argument("--full", action="store_true", help="hash every file (default: names and sizes only)")
+    parser.add_argument("--strict", action="store_true", help="files not in a manifest make it damaged")
+    add_json(parser, "a list of checkpoints")
+
+
+def latest_arguments(parser: argparse.ArgumentParser) -> None:
+    root_argument(parser)
+    parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
+    parser.add_argument("--strict", action="store_true", help="skip checkpoints with files not in their manifest")
+    add_public_key(parser, "checkpoints without such a signature are skipped")
 
 
 def show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -405,8 +637,10 @@ def download_arguments(parser: argparse.ArgumentParser) -> None:
 def upload_arguments(parser: argparse.ArgumentParser) -> None:
     url_argument("src", "local checkpoint directory, sealed or not")(parser)
     url_argument(help_text="destination: fsspec URL or local path")(parser)
+    add_algorithm(parser)
     add_granularity_options(parser)
     add_force(parser, "URL")
+    add_sign_key(parser)
 
 
 def copy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -449,18 +683,37 @@ COMMANDS: list[Command] = [
         f"Hashes every file under URL and writes {MANIFEST_FILENAME} beside them, last.\n"
         "A checkpoint that is already sealed is refused (exit 2) unless --force: sealing\n"
         "again would accept whatever the files hold now, damage included.\n\n"
-        + _examples("seal ./checkpoints/step_1000", "seal s3://bucket/run/step_1000 --chunk-size 64MiB"),
+        + _examples(
+            "seal ./checkpoints/step_1000",
+            "seal s3://bucket/run/step_1000 --chunk-size 64MiB",
+            "seal ./step_1000 --algorithm blake3",
+            "seal ./step_1000 --sign-key signing-key.pem      # and write model.sig",
+        ),
         seal_arguments,
+    ),
+    Command(
+        "sign",
+        cmd_sign,
+        "verify a sealed checkpoint, then sign its manifest's digests",
+        f"Verifies the content against the manifest (a damaged checkpoint is never signed, exit 1),\n"
+        f"then writes {signing.SIGNATURE_FILENAME}: the model_signing bundle an elliptic-curve key makes,\n"
+        "replacing any earlier signature. An unsealed checkpoint is refused (exit 3).\n\n"
+        + _examples("sign s3://bucket/run/step_1000 --key signing-key.pem"),
+        sign_arguments,
     ),
     Command(
         "verify",
         cmd_verify,
         "check a checkpoint against its manifest",
-        "Rehashes every file listed in the manifest and exits 1 if any byte differs.\n\n"
+        "Rehashes every file listed in the manifest and exits 1 if any byte differs.\n"
+        f"With --public-key, {signing.SIGNATURE_FILENAME} must verify first (exit 1 if it does not).\n\n"
         + _examples(
             "verify s3://bucket/run/step_1000",
             "verify s3://bucket/run/step_1000 --quick        # names and sizes only",
             "verify ./step_1000 --strict --json              # extra files fail too; JSON report",
+            "verify s3://bucket/run/step_1000 --attested     # S3 checksums instead of reads",
+            "verify ./iter_0001000 --manifest integrity.json # Megatron's manifest, inside the root",
+            "verify ./step_1000 --public-key signing-key.pub # signature, then content",
         ),
         verify_arguments,
     ),
@@ -472,6 +725,41 @@ COMMANDS: list[Command] = [
         + _examples("show s3://bucket/run/step_1000", "show ./step_1000 --json"),
         show_arguments,
         common=("options",),
+    ),
+    Command(
+        "export",
+        cmd_export,
+        "write a checkpoint's manifest in another format, on stdout",
+        "Reads the manifest (nothing else) and writes it as sha256sum text (what `sha256sum -c` reads)\n"
+        "or Megatron-LM's integrity.json. Both hold whole-file SHA-256 digests: a chunk or BLAKE3\n"
+        "manifest is refused (exit 2).\n\n"
+        + _examples(
+            "export ./step_1000 --format sha256sum > SHA256SUMS",
+            "export s3://bucket/run/iter_0001000 --format megatron > integrity.json",
+        ),
+        export_arguments,
+        common=("options",),
+    ),
+    Command(
+        "status",
+        cmd_status,
+        "list a run's checkpoints, newest first, with their verdicts",
+        "One line per checkpoint directory under ROOT: name, sealed or not, files, bytes, verdict\n"
+        "(ok, damaged, unsealed, invalid). Names and sizes only, unless --full hashes every file.\n"
+        "Exits 0 when the listing worked, whatever the verdicts; 4 on a storage error.\n\n"
+        + _examples("status s3://bucket/run", "status ./run --full --json"),
+        status_arguments,
+    ),
+    Command(
+        "latest",
+        cmd_latest,
+        "print the URL of the newest checkpoint that verifies",
+        "Verifies the checkpoints under ROOT newest first (hashing, unless --quick) and prints the URL\n"
+        "of the first that passes. Unsealed, invalid and damaged ones are skipped with a WARNING line\n"
+        "on stderr; with none left, nothing is printed on stdout and the exit code is 1.\n\n"
+        + _examples("latest s3://bucket/run", 'latest ./run --quick   # CKPT="$(integrity-fs latest ./run)"'),
+        latest_arguments,
+        common=("workers", "options"),
     ),
     Command(
         "download",
@@ -490,7 +778,10 @@ COMMANDS: list[Command] = [
         "Streams each local file once to URL, hashing it on the way, and writes the manifest last.\n"
         "A sealed SRC is checked against its manifest, which is sent unchanged; an unsealed SRC is\n"
         "sealed from the bytes sent. -o options apply to URL.\n\n"
-        + _examples("upload ./step_1000 s3://bucket/run/step_1000 -o client_kwargs.endpoint_url=http://127.0.0.1:9000"),
+        + _examples(
+            "upload ./step_1000 s3://bucket/run/step_1000 -o client_kwargs.endpoint_url=http://127.0.0.1:9000",
+            "upload ./step_1000 s3://bucket/run/step_1000 --granularity chunk --sign-key signing-key.pem",
+        ),
         upload_arguments,
     ),
     Command(
@@ -519,13 +810,14 @@ MAIN_EPILOG = (
         "seal ./checkpoints/step_1000",
         "verify s3://bucket/run/step_1000",
         "verify s3://bucket/run/step_1000 -o client_kwargs.endpoint_url=http://127.0.0.1:9000",
+        "status s3://bucket/run",
         "download gs://bucket/run/step_1000 ./step_1000",
         "demo",
     )
     + """
 exit codes:
   0  verified / ok
-  1  integrity failure: content differs from the manifest
+  1  integrity failure: content differs from the manifest, or a bad signature; latest: none verifies
   2  usage error: bad arguments or -o options; a refusal to replace existing data
   3  manifest missing or invalid (or an unsupported algorithm or granularity)
   4  storage or I/O error: no such checkpoint, network, credentials, permission, disk full
@@ -603,7 +895,7 @@ def build_parser() -> argparse.ArgumentParser:
 def exit_code_for(error: BaseException) -> int:
     """The documented exit code for an exception (order matters: the manifest errors are also
     ``FileNotFoundError`` and ``ValueError``; a refusal is a ``FileExistsError``)."""
-    if isinstance(error, IntegrityError):
+    if isinstance(error, (IntegrityError, NoneVerifiedError)):
         return EXIT_INTEGRITY
     if isinstance(error, (ManifestNotFoundError, ManifestError, NotImplementedError)):
         return EXIT_MANIFEST
@@ -613,7 +905,7 @@ def exit_code_for(error: BaseException) -> int:
 
 
 def _urls(args: argparse.Namespace | None) -> list[str]:
-    return [str(getattr(args, name)) for name in ("url", "src", "dst", "dest") if getattr(args, name, None)]
+    return [str(getattr(args, name)) for name in ("url", "root", "src", "dst", "dest") if getattr(args, name, None)]
 
 
 def _is_local(error: OSError, args: argparse.Namespace | None) -> bool:
@@ -629,23 +921,42 @@ def _install_hint(error: ImportError) -> str:
         for package, extra in EXTRAS.items():
             if package in text:
                 return f"install it: pip install 'integrity-fs[{extra}]'"
-    return "install the missing package; the extras are s3, gcs, torch, progress, demo and all"
+    return "install the missing package; the extras are s3, gcs, torch, progress, sign, blake3, demo and all"
 
 
 def describe_error(error: BaseException, args: argparse.Namespace | None = None) -> tuple[str, str]:
     """What failed (naming the file or URL) and what to do about it, for the two stderr lines."""
     command = getattr(args, "command", None) or "COMMAND"
+    if isinstance(error, SignatureError):
+        return str(error), (
+            "do not load it: it changed after signing, or was signed by another key (or never signed); "
+            "check --public-key, and sign only content you trust"
+        )
+    if isinstance(error, NoneVerifiedError):
+        return str(error), "the WARNING lines above say why each checkpoint was skipped"
+    if isinstance(error, KeyFileError):
+        return (
+            str(error),
+            "give the PEM file of an unencrypted EC key (P-256, P-384 or P-521): "
+            "the private key to sign, the public key to verify",
+        )
     if isinstance(error, IntegrityError):
         where = error.location or "the checkpoint"
         what = f"{where} failed verification: {name_problems(error.report.problems)}"
         if all(p.kind == "extra" for p in error.report.problems):
             return what, "the named files are not in the manifest: remove them, or run without --strict to allow them"
+        if command == "sign":
+            return what, "nothing was signed: restore the named files from a good copy, then sign again"
         return what, "do not load it; restore the named files from a good copy, and re-seal only content you trust"
     if isinstance(error, ManifestNotFoundError):
+        if getattr(args, "manifest", None) is not None:
+            return str(error), "check --manifest: a relative name is inside URL; give a path or URL otherwise"
         return str(error), f"seal it first with `{PROG} seal URL`, once you trust its content"
     if isinstance(error, ManifestError):
         return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
     if isinstance(error, NotImplementedError):
+        if "package" in str(error):  # an optional algorithm (blake3) that is not installed
+            return str(error), _install_hint(ImportError(str(error)))
         return str(error), "this manifest needs a newer integrity-fs: pip install -U integrity-fs"
     if isinstance(error, UsageError):
         return str(error), f"see `{PROG} {command} --help`" if args else f"see `{PROG} --help`"
@@ -657,6 +968,11 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             "seal": "pass --force to replace the manifest (only for content you trust)",
         }
         return str(error), hints.get(command, "choose another destination, or pass --force to replace its manifest")
+    if isinstance(error, ValueError) and command == "export":
+        return str(error), (
+            "sha256sum and megatron hold whole-file SHA-256 digests; "
+            f"`{PROG} show URL` says how this checkpoint was sealed"
+        )
     if isinstance(error, (ValueError, TypeError)):
         return str(error), f"check the arguments and -o storage options; see `{PROG} {command} --help`"
     if isinstance(error, OSError):

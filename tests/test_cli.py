@@ -26,7 +26,7 @@ from integrity_fs.cli import build_storage_options, main, parse_option
 from integrity_fs.text import format_bytes, format_work, parse_size, short_digest
 
 TIMEOUT_S = 120
-COMMANDS = ["seal", "verify", "show", "download", "upload", "copy", "demo"]
+COMMANDS = ["seal", "sign", "verify", "show", "export", "status", "latest", "download", "upload", "copy", "demo"]
 FILES = {
     "model.bin": random.Random(1).randbytes(300_000),
     "optim.bin": random.Random(2).randbytes(100_000),
@@ -683,3 +683,304 @@ def test_readme_failure_sample_is_what_the_cli_prints(tmp_path: Path) -> None:
         return [re.sub(r"[0-9a-f]{8}…[0-9a-f]{8}", "<digest>", line.replace(str(tmp_path), "/data")) for line in lines]
 
     assert shape(proc.stdout.splitlines() + proc.stderr.splitlines()) == shape(sample)
+
+
+# --------------------------------------------------------------------------- attested, other formats (issues 12, 13)
+
+
+def test_verify_attested_confirms_s3_files_unread(ckpt: Path, s3_backend: Backend, s3_endpoint: str) -> None:
+    options = ["-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
+    assert cli("upload", str(ckpt), s3_backend.url, *options).returncode == 0  # files up to 64 MiB: one PUT each
+    proc = cli("verify", s3_backend.url, "--attested", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert "every file attested by the store, none read (--attested)" in proc.stdout
+    report = json.loads(cli("verify", s3_backend.url, "--attested", "--json", *options).stdout)
+    assert report["files_attested"] == 3 and report["files_checked"] == 3 and report["bytes_checked"] == 0
+    assert report["attested"] is True
+    plain = json.loads(cli("verify", s3_backend.url, "--json", *options).stdout)
+    assert plain["files_attested"] == 0 and plain["bytes_checked"] == sum(map(len, FILES.values()))
+
+    s3_backend.write("optim.bin", FILES["optim.bin"])  # the same bytes, put by another tool: no checksum
+    mixed = cli("verify", s3_backend.url, "--attested", *options)
+    assert mixed.returncode == 0 and "2 files attested by the store unread, the rest hashed" in mixed.stdout
+    s3_backend.corrupt("model.bin", 5)  # rewritten without a checksum: read, and caught
+    bad = cli("verify", s3_backend.url, "--attested", *options)
+    assert bad.returncode == 1 and "model.bin" in stderr_pair(bad)[0]
+
+
+def test_verify_attested_on_local_disk_hashes_every_file(sealed: Path) -> None:
+    proc = cli("verify", str(sealed), "--attested")
+    assert proc.returncode == 0 and "no file attested by the store, all hashed (--attested)" in proc.stdout
+
+
+def test_export_writes_other_formats_that_verify_reads_back(sealed: Path) -> None:
+    sums = cli("export", str(sealed), "--format", "sha256sum")
+    assert sums.returncode == 0, sums.stderr
+    assert sums.stdout.splitlines() == [f"{sha256(FILES[name])}  {name}" for name in sorted(FILES)]
+    megatron = cli("export", str(sealed), "--format", "megatron")
+    assert json.loads(megatron.stdout) == {"algorithm": "sha256", "files": manifest_of(sealed)["files"]}
+
+    (sealed / "SHA256SUMS").write_text(sums.stdout)
+    (sealed / MANIFEST_FILENAME).unlink()
+    proc = cli("verify", str(sealed), "--manifest", "SHA256SUMS", "--strict")
+    assert proc.returncode == 0, proc.stderr
+    assert "; against SHA256SUMS" in proc.stdout
+    assert json.loads(cli("verify", str(sealed), "--manifest", "SHA256SUMS", "--json").stdout)["manifest"] == (
+        "SHA256SUMS"
+    )
+    flip(sealed / "optim.bin", 7)
+    bad = cli("verify", str(sealed), "--manifest", str(sealed / "SHA256SUMS"))
+    assert bad.returncode == 1 and "optim.bin: mismatch" in bad.stdout and "optim.bin" in stderr_pair(bad)[0]
+    missing = cli("verify", str(sealed), "--manifest", "integrity.json")
+    assert missing.returncode == 3 and "check --manifest" in stderr_pair(missing)[1]
+
+
+def test_export_refuses_what_the_format_cannot_hold(ckpt: Path) -> None:
+    unsealed = cli("export", str(ckpt), "--format", "sha256sum")
+    assert unsealed.returncode == 3 and unsealed.stdout == ""
+    assert cli("seal", str(ckpt), "--chunk-size", "64K").returncode == 0
+    chunked = cli("export", str(ckpt), "--format", "megatron")
+    assert chunked.returncode == 2 and chunked.stdout == ""
+    error, hint = stderr_pair(chunked)
+    assert "chunk granularity" in error and "whole-file SHA-256" in hint
+    assert cli("export", str(ckpt), "--format", "md5sum").returncode == 2
+
+
+def test_exported_sha256sums_pass_coreutils(sealed: Path) -> None:
+    """Through a real stdout (bytes, not text): what `sha256sum -c` reads, odd names included."""
+    if subprocess.run(["sha256sum", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("no coreutils sha256sum")
+    for name in ("with space.bin", "ünïcode.bin", "new\nline.bin"):
+        (sealed / name).write_bytes(name.encode())
+    assert cli("seal", str(sealed), "--force").returncode == 0
+    proc = cli_process("export", str(sealed), "--format", "sha256sum")
+    assert proc.returncode == 0, proc.stderr
+    check = subprocess.run(
+        ["sha256sum", "-c", "--strict"], input=proc.stdout, capture_output=True, text=True, cwd=sealed
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count(": OK") == len(FILES) + 3
+
+
+# --------------------------------------------------------------------------- a run's checkpoints (issue 14)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    """step_4 unsealed, step_3 damaged (same size), step_2 truncated, step_1 good, step_0 invalid."""
+    root = tmp_path / "run"
+    for step in range(5):
+        for name, data in FILES.items():
+            (root / f"step_{step}" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / f"step_{step}" / name).write_bytes(data)
+        if step != 4:
+            assert cli("seal", str(root / f"step_{step}")).returncode == 0
+    flip(root / "step_3" / "model.bin", 99)
+    (root / "step_2" / "optim.bin").write_bytes(b"short")
+    (root / "step_0" / MANIFEST_FILENAME).write_text("{not json")
+    return root
+
+
+def test_status_lists_every_checkpoint_with_its_verdict(run: Path) -> None:
+    proc = cli("status", str(run))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    assert [line[:2] for line in lines] == [
+        ["step_4", "unsealed"],
+        ["step_3", "sealed"],
+        ["step_2", "sealed"],
+        ["step_1", "sealed"],
+        ["step_0", "sealed"],
+    ]
+    verdicts = {line[0]: " ".join(line[6:]) for line in lines}
+    assert verdicts["step_3"] == "ok"  # quick: a flipped bit keeps the size
+    assert verdicts["step_2"] == "damaged: optim.bin (size)"
+    assert verdicts["step_4"] == "unsealed" and verdicts["step_1"] == "ok"
+    assert verdicts["step_0"].startswith("invalid: ") and "not valid JSON" in verdicts["step_0"]
+    assert lines[1][2:6] == ["3", "files", "390.6", "KiB"]
+
+    full = cli("status", str(run), "--full", "--json")
+    assert full.returncode == 0, full.stderr
+    found = json.loads(full.stdout)
+    assert [c["name"] for c in found] == ["step_4", "step_3", "step_2", "step_1", "step_0"]
+    assert set(found[0]) == {"name", "url", "sealed", "files", "bytes", "verdict", "problems"}
+    assert [c["verdict"] for c in found] == ["unsealed", "damaged", "damaged", "ok", "invalid"]
+    assert found[1]["problems"][0]["path"] == "model.bin" and found[1]["url"] == str(run / "step_3")
+    assert found[3] == {
+        "name": "step_1",
+        "url": str(run / "step_1"),
+        "sealed": True,
+        "files": 3,
+        "bytes": sum(map(len, FILES.values())),
+        "verdict": "ok",
+        "problems": [],
+    }
+
+
+def test_status_of_a_missing_root_is_a_storage_error(tmp_path: Path) -> None:
+    proc = cli("status", str(tmp_path / "typo"), "--json")
+    assert proc.returncode == 4
+    assert json.loads(proc.stdout)["url"] == str(tmp_path / "typo")
+    assert str(tmp_path / "typo") in stderr_pair(proc)[0] and "check the path" in stderr_pair(proc)[1]
+    (tmp_path / "empty").mkdir()
+    empty = cli("status", str(tmp_path / "empty"), "--json")
+    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+
+
+def test_status_on_s3_and_an_unreachable_store(s3: tuple[Backend, list[str]]) -> None:
+    backend, options = s3
+    for step in (1, 2):
+        assert cli("upload", str(Path(__file__).parent), f"{backend.url}/run/step_{step}", *options).returncode == 0
+    proc = cli("status", f"{backend.url}/run", "--full", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["step_2", "step_1"]
+    unreachable = ["-o", "client_kwargs.endpoint_url=http://127.0.0.1:1", "-o", "config_kwargs.retries.max_attempts=1"]
+    down = cli("status", "s3://bucket/run", *unreachable)
+    assert down.returncode == 4 and down.stdout == "" and stderr_pair(down)
+
+
+def test_progress_bar_for_status_full(run: Path) -> None:
+    pytest.importorskip("tqdm")
+    code, terminal = run_on_terminal("status", str(run), "--full")
+    assert code == 0 and "\r" in terminal and "status" in terminal
+
+
+def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
+    proc = cli("latest", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{run / 'step_1'}\n"
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: WARNING: skipping")]
+    assert [w.split()[3] for w in warnings] == [str(run / f"step_{n}") for n in (4, 3, 2)]
+    assert "(unsealed)" in warnings[0] and "(damaged)" in warnings[1] and "model.bin" in warnings[1]
+    assert not error_lines(proc)
+    quick = cli("latest", str(run), "--quick")
+    assert quick.returncode == 0 and quick.stdout == f"{run / 'step_3'}\n"  # names and sizes only
+
+    flip(run / "step_1" / "sub" / "meta.json", 0)
+    none = cli("latest", str(run))
+    assert none.returncode == 1 and none.stdout == ""
+    last = none.stderr.splitlines()[-2:]  # after the WARNING lines, the usual two
+    assert last[0] == f"integrity-fs: error: no checkpoint under {run} verifies"
+    assert last[1].startswith("integrity-fs: hint: ") and "WARNING" in last[1]
+    assert "(invalid manifest)" in none.stderr
+
+
+# --------------------------------------------------------------------------- signing, algorithms (issue 16)
+
+
+@dataclass
+class KeyPair:
+    private: Path
+    public: Path
+
+
+def make_keys(directory: Path, name: str = "signing-key") -> KeyPair:
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    pair = KeyPair(directory / f"{name}.pem", directory / f"{name}.pub")
+    pair.private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    pair.public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return pair
+
+
+def test_signed_seal_catches_a_resealed_tampering(ckpt: Path, tmp_path: Path) -> None:
+    keys, other = make_keys(tmp_path), make_keys(tmp_path, "other")
+    seal = cli("seal", str(ckpt), "--sign-key", str(keys.private))
+    assert seal.returncode == 0, seal.stderr
+    assert f"wrote model.sig: 3 file digests signed with {keys.private}" in seal.stdout
+    ok = cli("verify", str(ckpt), "--public-key", str(keys.public), "--strict")
+    assert ok.returncode == 0 and f"signature checked with {keys.public}" in ok.stdout
+    assert json.loads(cli("verify", str(ckpt), "--public-key", str(keys.public), "--json").stdout)["signature_checked"]
+
+    wrong = cli("verify", str(ckpt), "--public-key", str(other.public))
+    assert wrong.returncode == 1 and "signed by another key" in wrong.stdout
+    assert "changed after signing, or was signed by another key" in stderr_pair(wrong)[1]
+
+    flip(ckpt / "model.bin", 10)  # the attack: change a shard, re-seal the manifest to match
+    assert cli("seal", str(ckpt), "--force").returncode == 0
+    assert cli("verify", str(ckpt)).returncode == 0  # what a manifest alone cannot catch
+    caught = cli("verify", str(ckpt), "--public-key", str(keys.public), "--json")
+    assert caught.returncode == 1
+    report = json.loads(caught.stdout)
+    assert report["ok"] is False and [p["path"] for p in report["problems"]] == ["model.bin"]
+    assert "model.bin" in report["error"] and "model.bin" in stderr_pair(caught)[0]
+
+
+def test_sign_verifies_first_and_refuses_unsealed_or_damaged(ckpt: Path, tmp_path: Path) -> None:
+    keys = make_keys(tmp_path)
+    unsealed = cli("sign", str(ckpt), "--key", str(keys.private))
+    assert unsealed.returncode == 3 and stderr_pair(unsealed)
+    assert cli("seal", str(ckpt)).returncode == 0
+    unsigned = cli("verify", str(ckpt), "--public-key", str(keys.public))
+    assert unsigned.returncode == 1 and "not signed" in stderr_pair(unsigned)[0]
+
+    flip(ckpt / "optim.bin", 3)
+    damaged = cli("sign", str(ckpt), "--key", str(keys.private))
+    assert damaged.returncode == 1 and "not signed" in damaged.stdout
+    assert "optim.bin" in stderr_pair(damaged)[0] and "nothing was signed" in stderr_pair(damaged)[1]
+    assert not (ckpt / "model.sig").exists()
+    flip(ckpt / "optim.bin", 3)
+    signed = cli("sign", str(ckpt), "--key", str(keys.private))
+    assert signed.returncode == 0, signed.stderr
+    assert (ckpt / "model.sig").exists() and "wrote model.sig" in signed.stdout
+    assert cli("verify", str(ckpt), "--public-key", str(keys.public)).returncode == 0
+    assert cli("sign", str(ckpt)).returncode == 2  # --key is required
+
+
+def test_bad_key_files_are_usage_errors(sealed: Path, tmp_path: Path) -> None:
+    keys = make_keys(tmp_path)
+    (tmp_path / "junk.pem").write_text("not a key")
+    for args in (
+        ["verify", str(sealed), "--json", "--public-key", str(tmp_path / "missing.pub")],
+        ["verify", str(sealed), "--json", "--public-key", str(keys.private)],  # a private key for a public one
+        ["sign", str(sealed), "--key", str(tmp_path / "junk.pem")],
+        ["seal", str(sealed), "--force", "--sign-key", str(keys.public)],
+    ):
+        proc = cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        if "--json" in args:
+            assert json.loads(proc.stdout)["exit_code"] == 2
+        assert "PEM file of an unencrypted EC key" in stderr_pair(proc)[1]
+    assert not (sealed / "model.sig").exists()
+
+
+def test_signed_upload_to_s3_verifies_with_the_public_key(ckpt: Path, s3: tuple[Backend, list[str]]) -> None:
+    backend, options = s3
+    keys = make_keys(ckpt.parent)
+    target = f"{backend.url}/signed"
+    proc = cli("upload", str(ckpt), target, "--chunk-size", "8MiB", "--sign-key", str(keys.private), *options)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote model.sig" in proc.stdout
+    ok = cli("verify", target, "--public-key", str(keys.public), "--attested", *options)
+    assert ok.returncode == 0, ok.stderr
+    assert "every file attested" in ok.stdout and "signature checked" in ok.stdout
+    latest = cli("latest", backend.url, "--public-key", str(keys.public), *options)
+    assert latest.returncode == 0 and latest.stdout.strip() == target
+
+
+def test_seal_and_upload_with_blake3(ckpt: Path, tmp_path: Path) -> None:
+    pytest.importorskip("blake3")
+    target = tmp_path / "uploaded"
+    assert cli("upload", str(ckpt), str(target), "--algorithm", "blake3").returncode == 0
+    proc = cli("seal", str(ckpt), "--algorithm", "blake3")
+    assert proc.returncode == 0 and "blake3, file granularity" in proc.stdout
+    assert manifest_of(ckpt)["algorithm"] == "blake3"
+    assert (target / MANIFEST_FILENAME).read_bytes() == (ckpt / MANIFEST_FILENAME).read_bytes()
+    assert cli("verify", str(target)).returncode == 0
+    export = cli("export", str(ckpt), "--format", "sha256sum")
+    assert export.returncode == 2 and "blake3" in stderr_pair(export)[0]
+    assert cli("seal", str(ckpt), "--force", "--algorithm", "md5").returncode == 2
+
+
+def test_seal_with_blake3_missing_says_what_to_install(ckpt: Path) -> None:
+    proc = cli_process("seal", str(ckpt), "--algorithm", "blake3", code="import sys; sys.modules['blake3'] = None")
+    assert proc.returncode == 3, proc.stderr
+    assert "pip install 'integrity-fs[blake3]'" in stderr_pair(proc)[1]
+    assert not (ckpt / MANIFEST_FILENAME).exists()
