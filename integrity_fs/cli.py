@@ -199,10 +199,9 @@ def _load_key(path: str, load: Callable[[str], Any]) -> Any:
         raise KeyFileError(str(exc)) from exc
 
 
-def signed_note(manifest: Any, key_path: str | None) -> None:
+def signed_note(key_path: str | None) -> None:
     if key_path is not None:
-        noun = "digest" if len(manifest.files) == 1 else "digests"
-        print(f"wrote {signing.SIGNATURE_FILENAME}: {len(manifest.files)} file {noun} signed with {key_path}")
+        print(f"wrote {signing.SIGNATURE_FILENAME}: the manifest's digests, signed with {key_path}")
 
 
 # --------------------------------------------------------------------------- commands
@@ -225,7 +224,7 @@ def cmd_seal(args: argparse.Namespace) -> int:
     work = format_work(len(manifest.files), manifest.total_bytes or 0, time.perf_counter() - started)
     print(f"sealed {args.url}: {work}")
     print(f"wrote {MANIFEST_FILENAME}: {manifest.algorithm}, {manifest.granularity} granularity")
-    signed_note(manifest, args.sign_key)
+    signed_note(args.sign_key)
     return EXIT_OK
 
 
@@ -244,7 +243,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
         raise
     work = format_work(len(manifest.files), manifest.total_bytes or 0, time.perf_counter() - started)
     print(f"verified {args.url}: {work}")
-    signed_note(manifest, args.key)
+    signed_note(args.key)
     return EXIT_OK
 
 
@@ -333,14 +332,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with progress(args, "status") as callback:
+    bar = progress(args, "status") if args.full else contextlib.nullcontext(DEFAULT_CALLBACK)
+    with bar as callback:  # only hashing takes long
         found = checkpoints.status(
             args.root,
             full=args.full,
             strict=args.strict,
             storage_options=options_of(args),
             max_workers=args.workers,
-            callback=callback if args.full else None,
+            callback=callback,
         )
     if args.json:
         print_json([checkpoint.to_dict() for checkpoint in found])
@@ -464,7 +464,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     work = format_work(len(manifest.files), manifest.total_bytes or 0, time.perf_counter() - started)
     print(f"uploaded {args.src} -> {args.url}: {work}")
     print(f"wrote {MANIFEST_FILENAME} last: {manifest.algorithm}, {manifest.granularity} granularity")
-    signed_note(manifest, args.sign_key)
+    signed_note(args.sign_key)
     return EXIT_OK
 
 
