@@ -327,11 +327,15 @@ class _Stream:
 
     async def read(self, n: int = -1) -> bytes:
         if self.path.endswith("stalled.bin"):
+            self.fs.stalling.set()
             try:
                 await asyncio.sleep(3600)  # a server that accepted the request and never answers
             except asyncio.CancelledError:
                 self.fs.cancelled = True
                 raise
+        else:  # the other file's bytes (and so the interrupt) come once the stalled read is waiting
+            while not self.fs.stalling.is_set():
+                await asyncio.sleep(0.01)
         data = self.fs.files[self.path][self.pos : self.pos + (n if n >= 0 else None)]  # type: ignore[operator]
         self.pos += len(data)
         return data
@@ -349,6 +353,7 @@ class StallingFS(AsyncFileSystem):  # type: ignore[misc]
         super().__init__(skip_instance_cache=True)
         self.files = files
         self.cancelled = False
+        self.stalling = threading.Event()
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         path = path.rstrip("/")
