@@ -83,6 +83,11 @@ class Manifest:
         """Sum of ``sizes``, or ``None`` for a manifest without sizes."""
         return None if self.sizes is None else sum(self.sizes.values())
 
+    def largest(self, n: int) -> list[tuple[str, int]]:
+        """The ``n`` largest files as ``(name, size)``, largest first, ties by name; ``[]`` without sizes."""
+        sizes = self.sizes or {}
+        return sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:n]
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict; optional keys appear only when set."""
         out: dict[str, Any] = {

@@ -1,0 +1,164 @@
+"""The command line's exit codes, and each exception's two stderr lines: what failed, and a hint.
+
+0 ok, 1 integrity failure, 2 usage error or refusal, 3 manifest missing or invalid, 4 storage or
+I/O error. ``--json`` adds one JSON object on stdout; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+import traceback
+
+from .cli_output import print_json
+from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from .text import name_problems
+
+PROG = "integrity-fs"
+
+EXIT_OK = 0
+EXIT_INTEGRITY = 1
+EXIT_USAGE = 2
+EXIT_MANIFEST = 3
+EXIT_STORAGE = 4
+
+#: Extras that install a missing optional package, by the package's import name.
+EXTRAS = {
+    "s3fs": "s3",
+    "gcsfs": "gcs",
+    "tqdm": "progress",
+    "torch": "torch",
+    "numpy": "torch",
+    "moto": "demo",
+    "cryptography": "sign",
+    "blake3": "blake3",
+}
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; exit code 2."""
+
+
+class KeyFileError(ValueError):
+    """A key file given with ``--key``, ``--sign-key`` or ``--public-key`` cannot be used; exit code 2."""
+
+
+class NoneVerifiedError(Exception):
+    """``latest`` found no checkpoint that verifies; exit code 1."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The documented exit code for an exception (order matters: the manifest errors are also
+    ``FileNotFoundError`` and ``ValueError``; a refusal is a ``FileExistsError``)."""
+    if isinstance(error, (IntegrityError, NoneVerifiedError)):
+        return EXIT_INTEGRITY
+    if isinstance(error, (ManifestNotFoundError, ManifestError, NotImplementedError)):
+        return EXIT_MANIFEST
+    if isinstance(error, (UsageError, FileExistsError, ValueError, TypeError, ImportError)):
+        return EXIT_USAGE
+    return EXIT_STORAGE
+
+
+def _urls(args: argparse.Namespace | None) -> list[str]:
+    return [str(getattr(args, name)) for name in ("url", "root", "src", "dst", "dest") if getattr(args, name, None)]
+
+
+def _is_local(error: OSError, args: argparse.Namespace | None) -> bool:
+    """Whether an OS error is about a local path: builtin errors name a file; else judge by the URLs."""
+    if error.filename is not None and type(error).__module__ == "builtins" and error.__cause__ is None:
+        return True
+    urls = _urls(args)
+    return bool(urls) and all("://" not in url or url.startswith("file://") for url in urls)
+
+
+def _install_hint(error: ImportError) -> str:
+    for text in (error.name or "", str(error)):  # the missing module's name first, then the message
+        for package, extra in EXTRAS.items():
+            if package in text:
+                return f"install it: pip install 'integrity-fs[{extra}]'"
+    return "install the missing package; the extras are s3, gcs, torch, progress, sign, blake3, demo and all"
+
+
+def describe_error(error: BaseException, args: argparse.Namespace | None = None) -> tuple[str, str]:
+    """What failed (naming the file or URL) and what to do about it, for the two stderr lines."""
+    command = getattr(args, "command", None) or "COMMAND"
+    if isinstance(error, SignatureError):
+        return str(error), (
+            "do not load it: it changed after signing, or was signed by another key (or never signed); "
+            "check --public-key, and sign only content you trust"
+        )
+    if isinstance(error, NoneVerifiedError):
+        return str(error), "the WARNING lines above say why each checkpoint was skipped"
+    if isinstance(error, KeyFileError):
+        return (
+            str(error),
+            "give the PEM file of an unencrypted EC key (P-256, P-384 or P-521): "
+            "the private key to sign, the public key to verify",
+        )
+    if isinstance(error, IntegrityError):
+        where = error.location or "the checkpoint"
+        what = f"{where} failed verification: {name_problems(error.report.problems)}"
+        if all(p.kind == "extra" for p in error.report.problems):
+            return what, "the named files are not in the manifest: remove them, or run without --strict to allow them"
+        if command == "sign":
+            return what, "nothing was signed: restore the named files from a good copy, then sign again"
+        return what, "do not load it; restore the named files from a good copy, and re-seal only content you trust"
+    if isinstance(error, ManifestNotFoundError):
+        if getattr(args, "manifest", None) is not None:
+            return str(error), "check --manifest: a relative name is inside URL; give a path or URL otherwise"
+        return str(error), f"seal it first with `{PROG} seal URL`, once you trust its content"
+    if isinstance(error, ManifestError):
+        return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
+    if isinstance(error, NotImplementedError):
+        if "package" in str(error):  # an optional algorithm (blake3) that is not installed
+            return str(error), _install_hint(ImportError(str(error)))
+        return str(error), "this manifest needs a newer integrity-fs: pip install -U integrity-fs"
+    if isinstance(error, UsageError):
+        return str(error), f"see `{PROG} {command} --help`" if args else f"see `{PROG} --help`"
+    if isinstance(error, ImportError):
+        return str(error), _install_hint(error)
+    if isinstance(error, FileExistsError):
+        hints = {
+            "download": "choose a new DEST, or empty that directory first",
+            "seal": "pass --force to replace the manifest (only for content you trust)",
+        }
+        return str(error), hints.get(command, "choose another destination, or pass --force to replace its manifest")
+    if isinstance(error, ValueError) and command == "export":
+        return str(error), (
+            "sha256sum and megatron hold whole-file SHA-256 digests; "
+            f"`{PROG} show URL` says how this checkpoint was sealed"
+        )
+    if isinstance(error, (ValueError, TypeError)):
+        return str(error), f"check the arguments and -o storage options; see `{PROG} {command} --help`"
+    if isinstance(error, OSError):
+        what = str(error) or type(error).__name__
+        if error.errno == errno.ENOSPC:
+            return what, "the disk is full: free space on the destination, or choose another one"
+        local = _is_local(error, args)
+        if isinstance(error, (FileNotFoundError, NotADirectoryError)):
+            if local:
+                return what, "check the path: it must name an existing checkpoint directory"
+            return what, "check the bucket and prefix in the URL: it must name a checkpoint directory"
+        if local:
+            return what, "check the path and its permissions; --debug shows the full error"
+        return (
+            what,
+            "check the URL, your credentials and the -o storage options, e.g. -o client_kwargs.endpoint_url=...; "
+            "--debug shows the full error",
+        )
+    return f"unexpected {type(error).__name__}: {error}", "run again with --debug and report the traceback"
+
+
+def report_error(error: BaseException, args: argparse.Namespace | None, *, as_json: bool, debug: bool) -> int:
+    """Two lines on stderr (and the traceback with ``--debug``); with ``--json``, one object on stdout."""
+    code = exit_code_for(error)
+    if debug:
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    what, hint = describe_error(error, args)
+    if as_json and not (isinstance(error, IntegrityError) and getattr(args, "command", None) == "verify"):
+        urls: list[str | None] = [*_urls(args), None]
+        print_json({"url": urls[0], "ok": False, "exit_code": code, "error": what})
+    print(f"{PROG}: error: {what}", file=sys.stderr)
+    print(f"{PROG}: hint: {hint}", file=sys.stderr)
+    return code

@@ -1,0 +1,206 @@
+"""What the command line prints: summaries, problem listings, tables, JSON objects, progress bars.
+
+Human output shortens digests (:func:`integrity_fs.text.describe_problem`); ``--json`` keeps them
+whole. Nothing here reads a checkpoint: each function formats a result the library returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fsspec.callbacks import DEFAULT_CALLBACK, Callback
+
+from .checkpoints import CheckpointStatus
+from .errors import IntegrityError, SignatureError
+from .manifest import MANIFEST_FILENAME, Manifest
+from .report import Report
+from .signing import SIGNATURE_FILENAME
+from .text import describe_problem, extra_note, format_bytes, format_work, name_problems
+
+#: How many of the largest files ``show`` lists.
+LARGEST_SHOWN = 5
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def write_bytes(data: bytes) -> None:
+    """Raw bytes on stdout (``export``), after any text already buffered."""
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text stream (main() called with stdout redirected in-process)
+        sys.stdout.write(data.decode("utf-8"))
+    else:
+        out.write(data)
+        out.flush()
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, desc: str) -> Iterator[Callback]:
+    """A tqdm bar on stderr (bytes, rate, ETA); fsspec's no-op callback when disabled or without tqdm."""
+    try:
+        if not enabled:
+            raise ImportError
+        import tqdm  # noqa: F401  (imported first: a TqdmCallback half-built without it complains at exit)
+        from fsspec.callbacks import TqdmCallback
+    except ImportError:
+        yield DEFAULT_CALLBACK
+        return
+    kwargs = {"desc": desc, "unit": "B", "unit_scale": True, "unit_divisor": 1024, "file": sys.stderr, "leave": False}
+    callback = TqdmCallback(tqdm_kwargs={**kwargs, "dynamic_ncols": True})
+    try:
+        yield callback
+    finally:
+        callback.close()
+
+
+def progress(
+    args: argparse.Namespace, desc: str, *, enabled: bool = True
+) -> contextlib.AbstractContextManager[Callback]:
+    """Bars only for a person watching: stderr is a terminal and ``--no-progress`` was not given."""
+    return progress_bar(enabled and not getattr(args, "no_progress", True) and sys.stderr.isatty(), desc)
+
+
+def print_failure(url: str, report: Report, tail: str = "") -> None:
+    """``FAILED URL: 2 problems<tail>``, then one line per problem."""
+    noun = "problem" if len(report.problems) == 1 else "problems"
+    print(f"FAILED {url}: {len(report.problems)} {noun}{tail}", flush=True)
+    for problem in report.problems:
+        print(f"  {describe_problem(problem)}")
+
+
+def print_written(head: str, manifest: Manifest, elapsed: float, *, key_path: str | None, last: str = "") -> None:
+    """After ``seal`` or ``upload``: the work done, the manifest written, and the signature if any."""
+    print(f"{head}: {format_work(len(manifest.files), manifest.total_bytes or 0, elapsed)}")
+    print(f"wrote {MANIFEST_FILENAME}{last}: {manifest.algorithm}, {manifest.granularity} granularity")
+    signed_note(key_path)
+
+
+def signed_note(key_path: str | None) -> None:
+    if key_path is not None:
+        print(f"wrote {SIGNATURE_FILENAME}: the manifest's digests, signed with {key_path}")
+
+
+def print_transferred(head: str, report: Report, elapsed: float, *, not_done: str) -> None:
+    """After ``download`` or ``copy``: the work done, and the files left behind as not in the manifest."""
+    print(f"{head}: {format_work(report.files_checked, report.bytes_checked, elapsed)}")
+    if report.extra:
+        print(extra_note(report.extra, not_done))
+
+
+def print_verify_report(
+    args: argparse.Namespace, report: Report, elapsed: float, error: IntegrityError | None = None
+) -> None:
+    """JSON with ``--json`` (full digests), else a summary and one line per problem (short digests)."""
+    if args.json:
+        data = {"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick}
+        data.update(attested=args.attested, manifest=args.manifest, signature_checked=args.public_key is not None)
+        if error is not None:
+            data["error"] = str(error)
+        print_json(data)
+        return
+    how = "".join(verify_notes(args, report))
+    if isinstance(error, SignatureError):
+        print(f"FAILED {args.url}: {error.detail}", flush=True)
+    elif report.ok:
+        noun = "file" if report.files_checked == 1 else "files"
+        work = (
+            f"{report.files_checked} {noun}"
+            if args.quick
+            else format_work(report.files_checked, report.bytes_checked, elapsed)
+        )
+        print(f"verified {args.url}: {work}{how}")
+    else:
+        print_failure(args.url, report, how)
+    if report.extra and not args.strict and not isinstance(error, SignatureError):
+        print(extra_note(report.extra, "not checked; --strict rejects such files"))
+
+
+def verify_notes(args: argparse.Namespace, report: Report) -> Iterator[str]:
+    """What the summary line adds: how the files were checked, and against what."""
+    if args.quick:
+        yield "; names and sizes only, no content read (--quick)"
+    if args.manifest is not None:
+        yield f"; against {args.manifest}"
+    if args.public_key is not None and report.ok:
+        yield f"; signature checked with {args.public_key}"
+    if args.attested and not args.quick and report.ok:
+        attested = report.files_attested
+        if attested == report.files_checked and attested:
+            yield "; every file attested by the store, none read (--attested)"
+        elif attested:
+            noun = "file" if attested == 1 else "files"
+            yield f"; {attested} {noun} attested by the store unread, the rest hashed (--attested)"
+        else:
+            yield "; no file attested by the store, all hashed (--attested)"
+
+
+def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool) -> None:
+    """One aligned line per checkpoint (name, sealed, files, bytes, verdict), or a JSON list."""
+    if as_json:
+        print_json([checkpoint.to_dict() for checkpoint in found])
+        return
+    if not found:
+        print(f"no checkpoints under {root}", file=sys.stderr)
+    width = max((len(checkpoint.name) for checkpoint in found), default=0)
+    digits = max((len(str(checkpoint.files)) for checkpoint in found), default=0)
+    for checkpoint in found:
+        noun = "file" if checkpoint.files == 1 else "files"
+        sealed = "sealed" if checkpoint.sealed else "unsealed"
+        print(
+            f"{checkpoint.name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
+            f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint)}"
+        )
+
+
+def status_verdict(checkpoint: CheckpointStatus) -> str:
+    if checkpoint.verdict == "damaged" and checkpoint.problems:
+        return f"damaged: {name_problems(checkpoint.problems, limit=3)}"
+    if checkpoint.verdict == "invalid":
+        return f"invalid: {checkpoint.detail}"
+    return checkpoint.verdict
+
+
+def print_manifest(url: str, manifest: Manifest, *, as_json: bool) -> None:
+    """``show``: what the manifest records, and its largest files."""
+    sizes = manifest.sizes
+    largest = manifest.largest(LARGEST_SHOWN)
+    if as_json:
+        print_json(
+            {
+                "url": url,
+                "version": manifest.version,
+                "algorithm": manifest.algorithm,
+                "granularity": manifest.granularity,
+                "chunk_size": manifest.chunk_size,
+                "file_count": len(manifest.files),
+                "total_bytes": manifest.total_bytes,
+                "largest": [{"path": name, "size": size} for name, size in largest],
+                "files": {
+                    name: {"digest": digest, "size": None if sizes is None else sizes[name]}
+                    for name, digest in manifest.files.items()
+                },
+            }
+        )
+        return
+    granularity = manifest.granularity
+    if manifest.chunk_size is not None:
+        granularity += f", chunks of {format_bytes(manifest.chunk_size)} = {manifest.chunk_size} bytes"
+    total = manifest.total_bytes
+    total_text = "unknown: no sizes recorded" if total is None else f"{format_bytes(total)} = {total} bytes"
+    print(f"manifest of {url}")
+    print(f"  version      {manifest.version}")
+    print(f"  algorithm    {manifest.algorithm}")
+    print(f"  granularity  {granularity}")
+    print(f"  files        {len(manifest.files)}")
+    print(f"  total size   {total_text}")
+    if largest:
+        print("largest files:")
+        for name, size in largest:
+            print(f"  {format_bytes(size):>10}  {name}")
