@@ -20,7 +20,6 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from . import storage
 from .core import verify
 from .errors import IntegrityError
-from .manifest import Manifest
 from .text import describe_problem, format_work
 from .transfer import download, upload
 
@@ -105,7 +104,7 @@ class _Demo:
         work = format_work(report.files_checked, report.bytes_checked, time.perf_counter() - started)
         self.say(f"Verified {DEMO_URL}: every byte matches the manifest; {work}.")
 
-        victim = _largest_file(manifest)
+        [(victim, _)] = manifest.largest(1)  # upload records sizes
         path = f"demo-bucket/run/step_1000/{victim}"
         original = storage.read_file(fs, path)
         offset = (DEMO_CHUNK_SIZE + 12345) % len(original)
@@ -177,8 +176,3 @@ def _write_checkpoint(directory: str) -> str:
     torch.save(model.state_dict(), os.path.join(directory, "model.pt"))
     torch.save(optimizer.state_dict(), os.path.join(directory, "optimizer.pt"))
     return "a torch model state dict in model.pt, its Adam optimizer state in optimizer.pt, and metadata.json"
-
-
-def _largest_file(manifest: Manifest) -> str:
-    sizes = manifest.sizes or {}
-    return max(sorted(manifest.files), key=lambda name: sizes.get(name, 0))

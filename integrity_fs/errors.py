@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .report import Problem, Report
+from .report import SIGNATURE_FILENAME, Problem, Report
 
 _MAX_NAMED = 10
 
@@ -51,8 +51,6 @@ class SignatureError(IntegrityError):
 
     def __init__(self, detail: str, report: Report | None = None, location: str = "") -> None:
         if report is None:
-            from .signing import SIGNATURE_FILENAME
-
             report = Report(problems=(Problem(SIGNATURE_FILENAME, "mismatch"),))
         self.detail = detail
         super().__init__(report, location)

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 ProblemKind = Literal["mismatch", "missing", "size", "extra"]
+#: The signature file beside the manifest (``signing`` re-exports it); here so that ``errors`` can
+#: name it in a problem without importing ``signing``, which imports ``errors``.
+SIGNATURE_FILENAME = "model.sig"
 
 
 @dataclass(frozen=True)

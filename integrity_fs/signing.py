@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from .errors import ManifestError, SignatureError
 from .hashing import chunk_count, chunk_range, combine_chunk_digests
 from .manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
+from .report import SIGNATURE_FILENAME as SIGNATURE_FILENAME
+from .report import Problem
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
 
-    from .core import Problem
 
 log = logging.getLogger("integrity_fs")
 
-SIGNATURE_FILENAME = "model.sig"
 INSTALL_HINT = "pip install 'integrity-fs[sign]'"
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -459,8 +459,6 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
     but not signed, ``"mismatch"`` signed with other digests (``expected`` the signed digest,
     ``actual`` the manifest's; ``byte_ranges`` the chunks that differ).
     """
-    from .core import Problem
-
     method = "files" if manifest.granularity == "file" else "shards"
     if manifest.algorithm != "sha256" or signed.method != method or signed.shard_size != manifest.chunk_size:
         shape = f"{signed.method} of {signed.shard_size} bytes" if signed.shard_size else signed.method

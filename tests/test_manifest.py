@@ -27,6 +27,13 @@ def test_seed_example_parses_and_unknown_keys_are_ignored():
     assert list(m.files) == [".metadata", "checkpoint_0.pt"] and m.sizes is None
 
 
+def test_largest_lists_files_by_size_then_name():
+    m = Manifest(files={"b": D, "a": D, "c": D, "d": D}, sizes={"b": 5, "a": 5, "c": 9, "d": 1})
+    assert m.largest(3) == [("c", 9), ("a", 5), ("b", 5)]
+    assert m.largest(10)[-1] == ("d", 1)
+    assert Manifest(files={"a": D}).largest(5) == []
+
+
 def test_canonical_form_is_sorted_indented_utf8_with_newline():
     m = Manifest(files={"b": D, "ä/a": D}, sizes={"b": 1, "ä/a": 2})
     raw = m.to_json()
