@@ -13,7 +13,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -40,18 +39,18 @@ from .cli_args import (
 )
 from .cli_errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedError, UsageError, report_error
 from .cli_output import (
-    print_failure,
+    failure,
     print_manifest,
     print_status,
     print_transferred,
     print_verify_report,
     print_written,
     progress,
+    running,
     signed_note,
     write_bytes,
 )
 from .core import read_manifest, seal, sign, verify
-from .errors import IntegrityError
 from .manifest import MANIFEST_FILENAME
 from .text import format_work
 
@@ -70,8 +69,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    with progress(args, "seal") as callback:
+    with running(args, "seal") as run:
         manifest = seal(
             args.url,
             algorithm=args.algorithm,
@@ -79,51 +77,40 @@ def cmd_seal(args: argparse.Namespace) -> int:
             chunk_size=args.chunk_size,
             storage_options=options_of(args),
             max_workers=args.workers,
-            callback=callback,
+            callback=run.callback,
             overwrite=args.force,
             private_key=private_key_of(args.sign_key),
         )
-    print_written(f"sealed {args.url}", manifest, time.perf_counter() - started, key_path=args.sign_key)
+    print_written(f"sealed {args.url}", manifest, run.elapsed(), key_path=args.sign_key)
     return EXIT_OK
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
     key = private_key_of(args.key)
-    started = time.perf_counter()
-    try:
-        with progress(args, "sign") as callback:
-            manifest = sign(
-                args.url, private_key=key, storage_options=options_of(args), max_workers=args.workers, callback=callback
-            )
-    except IntegrityError as err:
-        print_failure(args.url, err.report, "; not signed")
-        raise
-    elapsed = time.perf_counter() - started
-    print(f"verified {args.url}: {format_work(len(manifest.files), manifest.total_bytes or 0, elapsed)}")
+    with running(args, "sign", failure(args.url, "; not signed")) as run:
+        manifest = sign(
+            args.url, private_key=key, storage_options=options_of(args), max_workers=args.workers, callback=run.callback
+        )
+    print(f"verified {args.url}: {format_work(len(manifest.files), manifest.total_bytes or 0, run.elapsed())}")
     signed_note(args.key)
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     key = public_key_of(args.public_key)
-    started = time.perf_counter()
-    try:
-        with progress(args, "verify") as callback:
-            report = verify(
-                args.url,
-                storage_options=options_of(args),
-                max_workers=args.workers,
-                callback=callback,
-                strict=args.strict,
-                quick=args.quick,
-                attested=args.attested,
-                manifest=args.manifest,
-                public_key=key,
-            )
-    except IntegrityError as err:
-        print_verify_report(args, err.report, time.perf_counter() - started, err)
-        raise
-    print_verify_report(args, report, time.perf_counter() - started)
+    with running(args, "verify", lambda err, elapsed: print_verify_report(args, err.report, elapsed, err)) as run:
+        report = verify(
+            args.url,
+            storage_options=options_of(args),
+            max_workers=args.workers,
+            callback=run.callback,
+            strict=args.strict,
+            quick=args.quick,
+            attested=args.attested,
+            manifest=args.manifest,
+            public_key=key,
+        )
+    print_verify_report(args, report, run.elapsed())
     return EXIT_OK
 
 
@@ -133,14 +120,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with progress(args, "status", enabled=args.full) as callback:  # only hashing takes long
+    with running(args, "status", bar=args.full) as run:  # only hashing takes long
         found = checkpoints.status(
             args.root,
             full=args.full,
             strict=args.strict,
             storage_options=options_of(args),
             max_workers=args.workers,
-            callback=callback,
+            callback=run.callback,
         )
     print_status(args.root, found, as_json=args.json)
     return EXIT_OK
@@ -167,28 +154,22 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    try:
-        with progress(args, "download") as callback:
-            report = transfer.download(
-                args.url,
-                args.dest,
-                storage_options=options_of(args),
-                max_workers=args.workers,
-                callback=callback,
-                strict=args.strict,
-            )
-    except IntegrityError as err:
-        print_failure(args.url, err.report, f"; nothing was written to {args.dest}")
-        raise
-    elapsed = time.perf_counter() - started
-    print_transferred(f"downloaded and verified {args.url} -> {args.dest}", report, elapsed, not_done="not downloaded")
+    with running(args, "download", failure(args.url, f"; nothing was written to {args.dest}")) as run:
+        report = transfer.download(
+            args.url,
+            args.dest,
+            storage_options=options_of(args),
+            max_workers=args.workers,
+            callback=run.callback,
+            strict=args.strict,
+        )
+    head = f"downloaded and verified {args.url} -> {args.dest}"
+    print_transferred(head, report, run.elapsed(), not_done="not downloaded")
     return EXIT_OK
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    with progress(args, "upload") as callback:
+    with running(args, "upload") as run:
         manifest = transfer.upload(
             args.src,
             args.url,
@@ -196,34 +177,28 @@ def cmd_upload(args: argparse.Namespace) -> int:
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
             max_workers=args.workers,
-            callback=callback,
+            callback=run.callback,
             overwrite=args.force,
             algorithm=args.algorithm,
             private_key=private_key_of(args.sign_key),
         )
-    elapsed = time.perf_counter() - started
-    print_written(f"uploaded {args.src} -> {args.url}", manifest, elapsed, key_path=args.sign_key, last=" last")
+    head = f"uploaded {args.src} -> {args.url}"
+    print_written(head, manifest, run.elapsed(), key_path=args.sign_key, last=" last")
     return EXIT_OK
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    try:
-        with progress(args, "copy") as callback:
-            report = transfer.copy(
-                args.src,
-                args.dst,
-                src_options=options_of(args, "src_options"),
-                dst_options=options_of(args, "dst_options"),
-                max_workers=args.workers,
-                callback=callback,
-                overwrite=args.force,
-            )
-    except IntegrityError as err:
-        print_failure(args.src, err.report, f"; no manifest was written at {args.dst}")
-        raise
-    elapsed = time.perf_counter() - started
-    print_transferred(f"copied and verified {args.src} -> {args.dst}", report, elapsed, not_done="not copied")
+    with running(args, "copy", failure(args.src, f"; no manifest was written at {args.dst}")) as run:
+        report = transfer.copy(
+            args.src,
+            args.dst,
+            src_options=options_of(args, "src_options"),
+            dst_options=options_of(args, "dst_options"),
+            max_workers=args.workers,
+            callback=run.callback,
+            overwrite=args.force,
+        )
+    print_transferred(f"copied and verified {args.src} -> {args.dst}", report, run.elapsed(), not_done="not copied")
     return EXIT_OK
 
 

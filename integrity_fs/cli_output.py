@@ -10,7 +10,8 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
@@ -65,6 +66,42 @@ def progress(
 ) -> contextlib.AbstractContextManager[Callback]:
     """Bars only for a person watching: stderr is a terminal and ``--no-progress`` was not given."""
     return progress_bar(enabled and not getattr(args, "no_progress", True) and sys.stderr.isatty(), desc)
+
+
+class Run:
+    """One command's library call: the progress callback to pass it, and the time it has taken."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.callback: Callback = DEFAULT_CALLBACK
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@contextlib.contextmanager
+def running(
+    args: argparse.Namespace,
+    desc: str,
+    failed: Callable[[IntegrityError, float], None] | None = None,
+    *,
+    bar: bool = True,
+) -> Iterator[Run]:
+    """Time the call and show its progress bar; on an integrity failure, ``failed`` prints what was
+    found (after the bar is gone) before the exception goes on to become the exit code."""
+    run = Run()
+    try:
+        with progress(args, desc, enabled=bar) as run.callback:
+            yield run
+    except IntegrityError as error:
+        if failed is not None:
+            failed(error, run.elapsed())
+        raise
+
+
+def failure(url: str, tail: str) -> Callable[[IntegrityError, float], None]:
+    """For :func:`running`: the ``FAILED`` line with ``tail`` and the problems."""
+    return lambda error, _elapsed: print_failure(url, error.report, tail)
 
 
 def print_failure(url: str, report: Report, tail: str = "") -> None:
