@@ -62,17 +62,25 @@ class NotARegularFileError(OSError):
     """A FIFO, socket or device where a file was expected: never read (it could block forever)."""
 
 
-class FileGrewError(Exception):
-    """The file holds more bytes than planned: ``size`` (when known) instead of ``expected``.
+class SizeChangedError(Exception):
+    """The file does not hold the planned number of bytes: ``size`` (when known) instead of ``expected``.
 
     Not an ``OSError``: the store answered correctly, the content is not what was sealed.
     """
 
-    def __init__(self, path: str, expected: int, size: int | None) -> None:
-        super().__init__(f"{path} holds more than {expected} bytes ({size if size is not None else 'more'})")
+    def __init__(self, path: str, expected: int, size: int | None, message: str | None = None) -> None:
+        super().__init__(message or f"{path} holds {size} bytes, not {expected}")
         self.path = path
         self.expected = expected
         self.size = size
+
+
+class FileGrewError(SizeChangedError):
+    """The file holds more bytes than planned."""
+
+    def __init__(self, path: str, expected: int, size: int | None) -> None:
+        shown = size if size is not None else "more"
+        super().__init__(path, expected, size, f"{path} holds more than {expected} bytes ({shown})")
 
 
 class Cancelled(Exception):
@@ -565,6 +573,9 @@ def _on_loop(fs: AsyncFileSystem, coro: Coroutine[Any, Any, T], stop: threading.
             if stop is not None and stop.is_set():
                 future.cancel()
                 raise Cancelled("stopped") from None
+        except BaseException:  # Ctrl-C in this thread: the request must not go on without it
+            future.cancel()
+            raise
 
 
 async def _read_block(f: Any, n: int) -> bytes:
@@ -773,13 +784,28 @@ class SealingWriter:
         return digests
 
     def abort(self) -> None:
-        """Drop what was written, as far as the store allows (a started multipart upload is aborted)."""
+        """Drop what was written, as far as the store allows: a started multipart or resumable
+        upload is aborted, a local file removed; never committed as a shorter file."""
         if self._upload is not None:
             with contextlib.suppress(Exception):
                 self._upload.abort()
         if self._stream is not None:
-            with contextlib.suppress(Exception):
-                self._stream.close()
+            _discard(self._fs, self.path, self._stream)
+            self._stream = None
+
+
+def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any) -> None:
+    """Close a write stream without committing it (``close()`` would store what it holds)."""
+    if isinstance(stream, AbstractBufferedFile):
+        with contextlib.suppress(Exception):
+            stream.discard()  # s3fs: abort the multipart upload; gcsfs: cancel the resumable upload
+        stream.closed = True  # so that neither we nor its __del__ flush the buffer as a whole object
+        return
+    with contextlib.suppress(Exception):
+        stream.close()
+    if is_local(fs):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _sha256(data: bytes | bytearray | memoryview) -> str:
@@ -841,3 +867,169 @@ def makedirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Create the directory ``path`` and its parents where the filesystem has directories."""
     with storage_errors(f"creating {path}"):
         fs.makedirs(path, exist_ok=True)
+
+
+# --------------------------------------------------------------------------- copying (transfer)
+
+#: Failures that another attempt cannot mend: raised at once.
+_NOT_RETRIED = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotARegularFileError)
+
+
+class _Vanished(Exception):
+    """The source is gone (or is no longer a regular file): not a storage failure, not retried."""
+
+
+def copy_file(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    dst_fs: fsspec.AbstractFileSystem,
+    dst_path: str,
+    length: int,
+    *,
+    algorithm: str,
+    granularity: str,
+    chunk_size: int | None,
+    progress: ProgressFn,
+    stop: threading.Event | None = None,
+) -> tuple[str, ...] | None:
+    """Copy exactly ``length`` bytes of ``path`` to ``dst_path`` through a :class:`SealingWriter`;
+    the unit digests of what was written, or ``None`` when ``path`` vanished (or is no longer a
+    regular file).
+
+    The read keeps the rules of :func:`hash_range`: the source must end right after ``length``
+    bytes (``SizeChangedError`` with the size it has now, when longer or shorter: never more
+    bytes read than one past ``length``); streamed object-store reads are cancelled on the loop
+    once ``stop`` is set (``Cancelled``), and the stop flag is checked between blocks; transient
+    failures are retried as reads are (the writer is aborted and the file sent again), a refused
+    permission is raised at once. Whatever fails, nothing half-written is committed.
+    """
+    attempts = min(_read_attempts(fs), _read_attempts(dst_fs))
+    what = f"copying {describe(fs, path)} to {describe(dst_fs, dst_path)}"
+    for attempt in range(1, attempts + 1):
+        _check_stop(stop)
+        sent = [0]
+        try:
+            with storage_errors(what):
+                return _copy_once(fs, path, dst_fs, dst_path, length, algorithm, granularity, chunk_size, progress, sent, stop)
+        except _Vanished:
+            progress(-sent[0])
+            return None
+        except _NOT_RETRIED:
+            raise
+        except OSError as exc:
+            progress(-sent[0])
+            if attempt == attempts:
+                raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
+            log.info("retrying %s after %s (attempt %d of %d)", what, exc, attempt, attempts)
+            if stop is not None and stop.wait(_RETRY_DELAY_S * attempt):
+                raise Cancelled("stopped") from exc
+            if stop is None:
+                time.sleep(_RETRY_DELAY_S * attempt)
+            with contextlib.suppress(Exception):
+                fs.invalidate_cache(path)
+    raise AssertionError("unreachable")
+
+
+def _copy_once(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    dst_fs: fsspec.AbstractFileSystem,
+    dst_path: str,
+    length: int,
+    algorithm: str,
+    granularity: str,
+    chunk_size: int | None,
+    progress: ProgressFn,
+    sent: list[int],
+    stop: threading.Event | None,
+) -> tuple[str, ...]:
+    with _SourceReader(fs, path, stop) as source:
+        writer = SealingWriter(
+            dst_fs, dst_path, algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, size=length
+        )
+        try:
+            while sent[0] < length:
+                _check_stop(stop)
+                block = source.read(min(BLOCK_SIZE, length - sent[0]))
+                if not block:
+                    source.short(length, sent[0])
+                writer.write(block)
+                sent[0] += len(block)
+                progress(len(block))
+            source.confirm_end(length)
+            _check_stop(stop)
+            return writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+
+
+class _SourceReader:
+    """Sequential reads of one source file: one streamed GET on async object stores (each read
+    cancellable on the loop), ``open_read`` elsewhere. A source that is gone raises ``_Vanished``."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, stop: threading.Event | None) -> None:
+        self.fs, self.path, self.stop = fs, path, stop
+        self._async: AsyncFileSystem | None = None
+        self._file: Any = None
+        target = _stream_target(fs, path)
+        with self._gone_is_vanished():
+            if target is not None:
+                afs, apath = target
+                with contextlib.suppress(NotImplementedError):
+                    self._file = _on_loop(afs, _open_stream(afs, apath), stop)
+                    self._async = afs
+            if self._file is None:
+                self._file = open_read(fs, path)
+
+    def __enter__(self) -> _SourceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._async is not None:
+            with contextlib.suppress(Exception):
+                _on_loop(self._async, _close_stream(self._file), None)
+        else:
+            with contextlib.suppress(Exception):
+                self._file.close()
+
+    @contextlib.contextmanager
+    def _gone_is_vanished(self) -> Iterator[None]:
+        try:
+            yield
+        except (FileNotFoundError, NotARegularFileError) as exc:
+            raise _Vanished(self.path) from exc
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; fewer only at the end of the file."""
+        with self._gone_is_vanished():
+            if self._async is not None:
+                return _on_loop(self._async, _read_block(self._file, n), self.stop)
+            return bytes(self._file.read(n))
+
+    def size_now(self) -> int:
+        """The size of the source as the store (or the open descriptor) says now."""
+        with self._gone_is_vanished():
+            if is_local(self.fs):
+                return os.fstat(self._file.fileno()).st_size
+            return _fresh_size(self.fs, self.path)
+
+    def short(self, length: int, got: int) -> None:
+        """The source ended after ``got`` of ``length`` bytes: ``SizeChangedError`` when it is
+        shorter now, else a ``ShortReadError`` (transient: retried)."""
+        size = self.size_now()
+        if size != length:
+            raise SizeChangedError(self.path, length, size)
+        raise ShortReadError(f"short read from {self.path}: expected {length} bytes, got {got}")
+
+    def confirm_end(self, end: int) -> None:
+        """``FileGrewError`` when the source holds more than ``end`` bytes (one more byte is asked
+        for; a buffered object-store file stops at the size it was opened with, so there the
+        store is asked for the size now)."""
+        if self._async is None:
+            with self._gone_is_vanished():
+                _confirm_end(self.fs, self.path, self._file, end)
+            return
+        if self.read(1):
+            size = getattr(self._file, "size", None)
+            raise FileGrewError(self.path, end, int(size) if isinstance(size, int) else None)

@@ -13,10 +13,11 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -42,6 +43,17 @@ class _Copied:
 
     size: int
     unit_digests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Resized:
+    """The source file does not hold the planned bytes (it changed since the listing): ``size`` now, if known."""
+
+    size: int | None
+
+
+#: What copying one file gives: what was sent; ``_Resized``; ``None`` when the source vanished.
+_Outcome = _Copied | _Resized | None
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,8 @@ def upload(
     else:
         chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
         _prepare_destination(dst, overwrite)
-        copied = _stream(source, dst, listing, algorithm, granularity, chunk_size, max_workers, callback)
+        outcomes = _stream(source, dst, listing, algorithm, granularity, chunk_size, max_workers, callback)
+        copied = _sent_as_listed(source, outcomes)
         sizes = {name: c.size for name, c in sorted(copied.items())}
         digests = _unit_digests(granularity, chunk_size, copied)
         manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
@@ -223,19 +236,20 @@ def _verified_copy(
     callback: Callback | None,
 ) -> Report:
     """Stream the files of ``plan`` from ``src`` to ``dst`` and compare them with ``manifest``;
-    ``IntegrityError`` (about ``src``) if any differs."""
+    ``IntegrityError`` (about ``src``) if any differs, changed size or vanished since the listing."""
     chunk_size = manifest.chunk_size if manifest.granularity == "chunk" else None
-    copied = _stream(src, dst, plan.sizes, manifest.algorithm, manifest.granularity, chunk_size, max_workers, callback)
-    resized = tuple(
-        Problem(name, "size", expected=expected, actual=copied[name].size)
-        for name, expected in plan.sizes.items()
-        if copied[name].size != expected
-    )
-    whole = {name: c for name, c in copied.items() if name not in {p.path for p in resized}}
+    outcomes = _stream(src, dst, plan.sizes, manifest.algorithm, manifest.granularity, chunk_size, max_workers, callback)
+    problems: list[Problem] = []
+    for name, outcome in outcomes.items():
+        if outcome is None:
+            problems.append(Problem(name, "missing", expected=manifest.files[name]))
+        elif isinstance(outcome, _Resized):
+            problems.append(Problem(name, "size", expected=plan.sizes[name], actual=outcome.size))
+    whole = {name: c for name, c in outcomes.items() if isinstance(c, _Copied)}
     digests = _unit_digests(manifest.granularity, chunk_size, whole)
     streamed = dataclasses.replace(
         plan,
-        problems=plan.problems + resized,
+        problems=plan.problems + tuple(problems),
         sizes={name: c.size for name, c in whole.items()},
         units=tuple(digests),
     )
@@ -243,6 +257,17 @@ def _verified_copy(
     if not report.ok:
         raise IntegrityError(report, src.location)
     return report
+
+
+def _sent_as_listed(src: _Side, outcomes: Mapping[str, _Outcome]) -> dict[str, _Copied]:
+    """The files of an unsealed upload, each sent exactly as listed; ``OSError`` otherwise (as ``seal``)."""
+    gone = sorted(name for name, outcome in outcomes.items() if outcome is None)
+    if gone:
+        raise FileNotFoundError(f"files vanished while uploading {src.location}: {', '.join(gone)}")
+    resized = sorted(name for name, outcome in outcomes.items() if isinstance(outcome, _Resized))
+    if resized:
+        raise OSError(f"files changed size while uploading {src.location}: {', '.join(resized)}")
+    return {name: c for name, c in outcomes.items() if isinstance(c, _Copied)}
 
 
 def _stream(
@@ -254,43 +279,41 @@ def _stream(
     chunk_size: int | None,
     max_workers: int | None,
     callback: Callback | None,
-) -> dict[str, _Copied]:
-    """Copy every file named in ``sizes``, hashing the same bytes as they pass; one progress total.
+) -> dict[str, _Outcome]:
+    """Copy exactly ``sizes[name]`` bytes of every file, hashing the same bytes as they pass; one
+    progress total.
 
-    Writes go through ``storage.SealingWriter``: on S3 they carry the SHA-256 checksums that make
-    the copy attestable (``verify(attested=True)``).
+    Each copy keeps the rules of verify's reads (``storage.copy_file``): the source must end
+    there, a stop (Ctrl-C, the first failure) ends every worker within a block or a poll of the
+    event loop, transient failures are retried as storage retries reads. Writes go through
+    ``storage.SealingWriter``: on S3 they carry the SHA-256 checksums that make the copy
+    attestable (``verify(attested=True)``); a copy that fails is aborted, never committed short.
     """
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
     workers = max_workers or max(core.default_workers(src.fs), core.default_workers(dst.fs))
     progress = core.progress_fn(callback, sum(sizes.values()))
+    stop = threading.Event()
 
-    def one(name: str) -> _Copied:
-        with storage.storage_errors(f"copying {storage.join(src.location, name)} to {dst.location}"):
-            writer = storage.SealingWriter(
+    def one(name: str) -> _Outcome:
+        try:
+            digests = storage.copy_file(
+                src.fs,
+                src.path(name),
                 dst.fs,
                 dst.path(name),
+                sizes[name],
                 algorithm=algorithm,
                 granularity=granularity,
                 chunk_size=chunk_size,
-                size=sizes[name],
+                progress=progress,
+                stop=stop,
             )
-            try:
-                with storage.open_read(src.fs, src.path(name)) as reader:
-                    _pump(reader, writer, progress)
-                return _Copied(writer.size, writer.close())
-            except BaseException:
-                writer.abort()
-                raise
+        except storage.SizeChangedError as exc:
+            return _Resized(exc.size)
+        return None if digests is None else _Copied(sizes[name], digests)
 
-    return core.run_parallel(one, sorted(sizes, key=lambda n: -sizes[n]), workers)
-
-
-def _pump(reader: IO[bytes], writer: storage.SealingWriter, progress: storage.ProgressFn) -> None:
-    """Every byte of ``reader`` (to its end, so a file that grew shows it) into ``writer``."""
-    while block := reader.read(COPY_BLOCK_SIZE):
-        writer.write(block)
-        progress(len(block))
+    return core.run_parallel(one, sorted(sizes, key=lambda n: -sizes[n]), workers, stop=stop)
 
 
 def _unit_digests(granularity: str, chunk_size: int | None, copied: Mapping[str, _Copied]) -> dict[Unit, str | None]:
