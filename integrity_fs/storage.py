@@ -910,7 +910,9 @@ def copy_file(
         sent = [0]
         try:
             with storage_errors(what):
-                return _copy_once(fs, path, dst_fs, dst_path, length, algorithm, granularity, chunk_size, progress, sent, stop)
+                return _copy_once(
+                    fs, path, dst_fs, dst_path, length, algorithm, granularity, chunk_size, progress, sent, stop
+                )
         except _Vanished:
             progress(-sent[0])
             return None

@@ -238,7 +238,9 @@ def _verified_copy(
     """Stream the files of ``plan`` from ``src`` to ``dst`` and compare them with ``manifest``;
     ``IntegrityError`` (about ``src``) if any differs, changed size or vanished since the listing."""
     chunk_size = manifest.chunk_size if manifest.granularity == "chunk" else None
-    outcomes = _stream(src, dst, plan.sizes, manifest.algorithm, manifest.granularity, chunk_size, max_workers, callback)
+    outcomes = _stream(
+        src, dst, plan.sizes, manifest.algorithm, manifest.granularity, chunk_size, max_workers, callback
+    )
     problems: list[Problem] = []
     for name, outcome in outcomes.items():
         if outcome is None:

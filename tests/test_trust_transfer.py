@@ -48,13 +48,13 @@ class _OnStart(Callback):  # type: ignore[misc]
         super().set_size(size)
 
 
-def _rewrite(backend: Backend, name: str, data: bytes) -> Callable[[], None]:
-    """Rewrites ``name`` as another writer would: through its own filesystem instance, so that
-    the listing cached by the transfer's instance is not dropped."""
+def _rewrite(backend: Backend, name: str, data: bytes | None) -> Callable[[], None]:
+    """Rewrites (``None``: deletes) ``name`` as another writer would: through its own filesystem
+    instance, so that the listing cached by the transfer's instance is not dropped."""
     if backend.name in ("local", "memory"):
-        return lambda: backend.write(name, data)
+        return lambda: backend.remove(name) if data is None else backend.write(name, data)
     other = fsspec.filesystem(backend.fs.protocol[0], skip_instance_cache=True, **backend.storage_options)
-    return lambda: other.pipe_file(backend.path(name), data)
+    return lambda: other.rm_file(backend.path(name)) if data is None else other.pipe_file(backend.path(name), data)
 
 
 def _sealed(backend: Backend, files: dict[str, bytes]) -> None:
@@ -162,7 +162,7 @@ def test_a_source_file_deleted_after_the_listing_is_missing(s3_backend: Backend,
             s3_backend.url,
             tmp_path / "d",
             storage_options=s3_backend.storage_options,
-            callback=_OnStart(lambda: fsspec.filesystem("s3", skip_instance_cache=True, **s3_backend.storage_options).rm_file(s3_backend.path("a.bin"))),
+            callback=_OnStart(_rewrite(s3_backend, "a.bin", None)),
         )
     assert [(p.path, p.kind) for p in err.value.report.problems] == [("a.bin", "missing")]
     assert os.listdir(tmp_path) == []
@@ -210,7 +210,9 @@ def test_a_sealed_file_turned_into_a_fifo_is_missing_never_opened(tmp_path: Path
 # --------------------------------------------------------------------------- retries as storage's
 
 
-def test_transient_source_failures_are_retried_as_storage_does(s3_backend: Backend, tmp_path: Path, monkeypatch) -> None:
+def test_transient_source_failures_are_retried_as_storage_does(
+    s3_backend: Backend, tmp_path: Path, monkeypatch
+) -> None:
     _sealed(s3_backend, {"a.bin": DATA})
     calls: list[str] = []
     real = s3_backend.fs.open_async
