@@ -945,7 +945,7 @@ def _copy_once(
     sent: list[int],
     stop: threading.Event | None,
 ) -> tuple[str, ...]:
-    with _SourceReader(fs, path, stop) as source:
+    with _SourceReader(fs, path, length, stop) as source:
         writer = SealingWriter(
             dst_fs, dst_path, algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, size=length
         )
@@ -967,10 +967,11 @@ def _copy_once(
 
 
 class _SourceReader:
-    """Sequential reads of one source file: one streamed GET on async object stores (each read
-    cancellable on the loop), ``open_read`` elsewhere. A source that is gone raises ``_Vanished``."""
+    """Sequential reads of the first ``length`` bytes of one source file: one streamed GET on async
+    object stores (ranged on S3; each read cancellable on the loop), ``open_read`` elsewhere. A
+    source that is gone raises ``_Vanished``."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, stop: threading.Event | None) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, length: int, stop: threading.Event | None) -> None:
         self.fs, self.path, self.stop = fs, path, stop
         self._async: AsyncFileSystem | None = None
         self._file: Any = None
@@ -979,7 +980,7 @@ class _SourceReader:
             if target is not None:
                 afs, apath = target
                 with contextlib.suppress(NotImplementedError):
-                    self._file = _on_loop(afs, _open_stream(afs, apath), stop)
+                    self._file = _on_loop(afs, _open_stream(afs, apath, 0, length), stop)
                     self._async = afs
             if self._file is None:
                 self._file = open_read(fs, path)
@@ -1032,6 +1033,10 @@ class _SourceReader:
             with self._gone_is_vanished():
                 _confirm_end(self.fs, self.path, self._file, end)
             return
-        if self.read(1):
+        total = getattr(self._file, "total_size", None)  # a ranged GET: the size the store answered with
+        if isinstance(total, int):
+            if total > end:
+                raise FileGrewError(self.path, end, total)
+        elif self.read(1):
             size = getattr(self._file, "size", None)
             raise FileGrewError(self.path, end, int(size) if isinstance(size, int) else None)

@@ -31,8 +31,6 @@ from .report import Problem, Report
 
 log = logging.getLogger("integrity_fs")
 
-#: Read size when copying: large enough to amortise calls, small enough to bound memory per thread.
-COPY_BLOCK_SIZE = 1024 * 1024
 #: Staging directories of ``download`` are named ``.<DEST name><STAGING_MARK><pid>-<token>-<host>``.
 STAGING_MARK = ".integrity-fs-partial-"
 

@@ -210,45 +210,46 @@ def test_a_sealed_file_turned_into_a_fifo_is_missing_never_opened(tmp_path: Path
 # --------------------------------------------------------------------------- retries as storage's
 
 
+def _fail_gets(
+    fs: Any, monkeypatch: pytest.MonkeyPatch, name: str, fail: Callable[[], BaseException | None]
+) -> list[str]:
+    """Make S3 GETs of ``name`` raise what ``fail()`` returns (``None``: let it through); the keys asked for."""
+    calls: list[str] = []
+    call_s3 = fs._call_s3
+
+    async def faulty(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object" and kwargs.get("Key", "").endswith(name):
+            calls.append(kwargs["Key"])
+            error = fail()
+            if error is not None:
+                raise error
+        return await call_s3(method, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "_call_s3", faulty)
+    return calls
+
+
 def test_transient_source_failures_are_retried_as_storage_does(
-    s3_backend: Backend, tmp_path: Path, monkeypatch
+    s3_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _sealed(s3_backend, {"a.bin": DATA})
-    calls: list[str] = []
-    real = s3_backend.fs.open_async
-
-    async def flaky(path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        calls.append(path)
-        if len(calls) == 1:
-            raise ConnectionResetError("reset by peer")
-        return await real(path, mode, **kwargs)
-
-    monkeypatch.setattr(s3_backend.fs, "open_async", flaky)
+    calls = _fail_gets(
+        s3_backend.fs, monkeypatch, "a.bin", lambda: ConnectionResetError("reset") if len(calls) == 1 else None
+    )
     report = ifs.download(s3_backend.url, tmp_path / "d", fs=s3_backend.fs)
     assert report.ok and (tmp_path / "d" / "a.bin").read_bytes() == DATA
     assert len(calls) == 2
 
-    async def reset(path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        calls.append(path)
-        raise ConnectionResetError("reset by peer")
-
-    monkeypatch.setattr(s3_backend.fs, "open_async", reset)
-    calls.clear()
+    calls = _fail_gets(s3_backend.fs, monkeypatch, "a.bin", lambda: ConnectionResetError("reset by peer"))
     with pytest.raises(ConnectionResetError, match=r"a\.bin"):
         ifs.download(s3_backend.url, tmp_path / "e", fs=s3_backend.fs)
     assert len(calls) == 2  # s3fs already retries each request itself: ours do not multiply its own
     assert sorted(os.listdir(tmp_path)) == ["d"]
 
 
-def test_a_refused_read_is_not_retried(s3_backend: Backend, tmp_path: Path, monkeypatch) -> None:
+def test_a_refused_read_is_not_retried(s3_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _sealed(s3_backend, {"a.bin": DATA})
-    calls: list[str] = []
-
-    async def denied(path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        calls.append(path)
-        raise PermissionError("access denied")
-
-    monkeypatch.setattr(s3_backend.fs, "open_async", denied)
+    calls = _fail_gets(s3_backend.fs, monkeypatch, "a.bin", lambda: PermissionError("access denied"))
     with pytest.raises(PermissionError):
         ifs.download(s3_backend.url, tmp_path / "d", fs=s3_backend.fs)
     assert len(calls) == 1
@@ -370,16 +371,16 @@ def test_ctrl_c_during_a_stalled_download_returns_at_once_and_leaves_nothing(
 def test_the_first_failure_stops_a_stalled_download(stalling: tuple[Backend, StallingProxy], tmp_path: Path) -> None:
     b, proxy = stalling
     fs = fsspec.filesystem("s3", **proxy.options())
-    real = fs.open_async
+    call_s3 = fs._call_s3
 
-    async def deny(path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if path.endswith("moving.bin"):
+    async def deny(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object" and kwargs.get("Key", "").endswith("moving.bin"):
             while not proxy.stalled.is_set():
                 await asyncio.sleep(0.01)
             raise PermissionError("access denied")
-        return await real(path, mode, **kwargs)
+        return await call_s3(method, *args, **kwargs)
 
-    fs.open_async = deny
+    fs._call_s3 = deny
     started = time.perf_counter()
     with pytest.raises(PermissionError):
         ifs.download(b.root, tmp_path / "dest", fs=fs, max_workers=3)
