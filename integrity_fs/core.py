@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import threading
 import time
@@ -300,11 +301,14 @@ def build_manifest(
 
 def _digests_by_file(digests: Mapping[Unit, UnitOutcome]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for unit in sorted(digests, key=lambda u: (u.name, u.index)):
-        digest = digests[unit]
+    for unit, digest in sorted(digests.items(), key=_by_name_and_index):
         if isinstance(digest, str):
             out.setdefault(unit.name, []).append(digest)
     return out
+
+
+def _by_name_and_index(item: tuple[Unit, UnitOutcome]) -> tuple[str, int]:
+    return item[0].name, item[0].index
 
 
 def verify(
@@ -470,6 +474,9 @@ def plan_verification(
     manifest: Manifest, listing: Mapping[str, int], *, strict: bool = False, quick: bool = False
 ) -> VerificationPlan:
     """Compare names and sizes; plan the hashing of every file that passes (none if ``quick``)."""
+    if manifest.sizes is not None and manifest.sizes == listing:  # the common case, compared at C speed
+        units = () if quick else tuple(plan_units(manifest.granularity, listing, manifest.chunk_size))
+        return VerificationPlan((), (), listing, units)
     problems: list[Problem] = []
     sizes: dict[str, int] = {}
     for name, digest in manifest.files.items():
@@ -494,11 +501,20 @@ def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Map
     """The report once ``plan.units`` have been hashed to ``digests`` (``None``: file vanished;
     ``Grown``: the file holds more bytes than sealed, a ``"size"`` problem)."""
     problems = list(plan.problems)
-    hashed = {u.name for u in plan.units}
-    vanished = {u.name for u, d in digests.items() if d is None}
-    grown = {u.name: d for u, d in digests.items() if isinstance(d, Grown)}
-    by_file = _digests_by_file(digests)
-    for name in sorted(hashed):
+    vanished: set[str] = set()
+    grown: dict[str, Grown] = {}
+    by_file: dict[str, list[str]] = {}
+    bytes_checked = 0
+    for unit, outcome in sorted(digests.items(), key=_by_name_and_index):
+        if isinstance(outcome, str):
+            by_file.setdefault(unit.name, []).append(outcome)
+            bytes_checked += unit.length
+        elif outcome is None:
+            vanished.add(unit.name)
+        else:
+            grown[unit.name] = outcome
+    hashed = dict.fromkeys(sorted(u.name for u in plan.units))
+    for name in hashed:
         expected = manifest.files[name]
         if name in vanished:
             problems.append(Problem(name, "missing", expected=expected))
@@ -506,7 +522,9 @@ def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Map
         if name in grown:
             problems.append(Problem(name, "size", expected=plan.sizes[name], actual=grown[name].size))
             continue
-        actual = file_digest(manifest.algorithm, manifest.granularity, by_file[name])
+        got = by_file[name]
+        file_level = manifest.granularity == "file"
+        actual = got[0] if file_level else file_digest(manifest.algorithm, manifest.granularity, got)
         if actual == expected:
             continue
         ranges: tuple[tuple[int, int], ...] = ()
@@ -524,13 +542,22 @@ def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Map
         problems=tuple(problems),
         extra=plan.extra,
         files_checked=len(manifest.files) - missing,
-        bytes_checked=sum(u.length for u, d in digests.items() if isinstance(d, str)),
+        bytes_checked=bytes_checked,
         files_attested=len(plan.attested),
     )
 
 
 def default_workers(fs: fsspec.AbstractFileSystem) -> int:
     return (os.cpu_count() or 1) if storage.is_local(fs) else REMOTE_WORKERS
+
+
+#: Local whole files up to this size are hashed in batches (one task per batch, each file read
+#: in one call into the task's buffer): their per-file Python work, not the hashing, would
+#: otherwise hold the GIL and keep a second thread from helping.
+SMALL_FILE = storage.BLOCK_SIZE
+#: A batch ends at this many files or this many bytes, whichever comes first.
+BATCH_FILES = 64
+BATCH_BYTES = 4 * 1024 * 1024
 
 
 def hash_units(
@@ -545,27 +572,73 @@ def hash_units(
     """Digest of every unit, hashed concurrently, largest first; ``None`` for a vanished file
     (or one that is no longer a regular file), ``Grown`` for a file longer than planned.
 
-    The first storage failure stops the rest (within a block) and is raised.
+    Small local files go in batches, one task each (see ``SMALL_FILE``); the stop flag is
+    checked between the files of a batch. The first storage failure stops the rest (within a
+    block or a file) and is raised.
     """
-    todo = sorted(units, key=lambda u: -u.length)
+    todo = sorted(units, key=_length, reverse=True)
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
-    workers = min(max_workers or default_workers(fs), max(1, len(todo)))
     progress = progress_fn(callback, sum(u.length for u in todo))
     stop = threading.Event()
+    tasks = _tasks(todo) if storage.is_local(fs) else [[unit] for unit in todo]
+    workers = min(max_workers or default_workers(fs), max(1, len(tasks)))
+    prefix = root.rstrip("/") + "/"
 
-    def one(unit: Unit) -> UnitOutcome:
-        path = storage.join(root, unit.name)
+    def one(unit: Unit, buffer: memoryview | None, report: storage.ProgressFn | None) -> UnitOutcome:
         try:
             return storage.hash_range(
-                fs, path, algorithm, unit.offset, unit.length, progress, file_size=unit.file_size, stop=stop
+                fs,
+                prefix + unit.name,
+                algorithm,
+                unit.offset,
+                unit.length,
+                report,
+                file_size=unit.file_size,
+                stop=stop,
+                buffer=buffer,
             )
         except (FileNotFoundError, storage.NotARegularFileError):
             return None
         except storage.FileGrewError as exc:
             return Grown(exc.size)
 
-    return run_parallel(one, todo, workers, stop=stop)
+    def task(index: int) -> list[UnitOutcome]:
+        batch = tasks[index]
+        if len(batch) == 1 and batch[0].length > SMALL_FILE:
+            return [one(batch[0], None, progress)]
+        buffer = memoryview(bytearray(batch[0].length + 1))  # the largest first
+        outcomes = [one(unit, buffer, None) for unit in batch]
+        progress(sum(unit.length for unit in batch))
+        return outcomes
+
+    results = run_parallel(task, range(len(tasks)), workers, stop=stop)
+    out: dict[Unit, UnitOutcome] = {}
+    for index, batch in enumerate(tasks):
+        out.update(zip(batch, results.pop(index), strict=True))
+    return out
+
+
+_length = operator.attrgetter("length")
+
+
+def _tasks(units: Sequence[Unit]) -> list[list[Unit]]:
+    """``units`` (largest first) as tasks: one per large unit, batches of small whole files."""
+    tasks: list[list[Unit]] = []
+    batch: list[Unit] = []
+    batch_bytes = 0
+    for unit in units:
+        if unit.length > SMALL_FILE or unit.offset or unit.file_size != unit.length:
+            tasks.append([unit])
+            continue
+        if len(batch) >= BATCH_FILES or batch_bytes + unit.length > BATCH_BYTES:
+            tasks.append(batch)
+            batch, batch_bytes = [], 0
+        batch.append(unit)
+        batch_bytes += unit.length
+    if batch:
+        tasks.append(batch)
+    return tasks
 
 
 def run_parallel(

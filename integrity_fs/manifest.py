@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -23,6 +23,9 @@ MANIFEST_FILENAME = "_integrity_manifest.json"
 VERSION = 1
 
 _HEX = re.compile(r"[0-9a-f]+")
+#: Matches every name ``check_name`` refuses (and no other non-empty string, the manifest's own
+#: name aside): a backslash or NUL, a leading ``/`` or drive letter, an empty, ``.`` or ``..`` segment.
+_MAYBE_BAD_NAME = re.compile(r"[\\\x00]|^/|^[A-Za-z]:|//|/$|(?:^|/)\.\.?(?:/|$)")
 
 
 def check_name(name: object) -> str:
@@ -31,6 +34,8 @@ def check_name(name: object) -> str:
     Refused: non-strings, empty names, absolute paths, backslashes, NUL, ``.``/``..``/empty
     segments, and the manifest's own name at the root.
     """
+    if type(name) is str and name and name != MANIFEST_FILENAME and not _MAYBE_BAD_NAME.search(name):
+        return name  # the common case, in one regex search; anything it finds is told apart below
     if not isinstance(name, str) or not name:
         raise ManifestError(f"file name {name!r} is not a non-empty string")
     if "\\" in name or "\x00" in name:
@@ -44,8 +49,39 @@ def check_name(name: object) -> str:
     return name
 
 
+#: ``_MAYBE_BAD_NAME`` over names joined by NUL (which no valid name holds): one search for all.
+_MAYBE_BAD_JOINED = re.compile(
+    r"^$|^\x00|\x00\x00|\x00$|\\|(?:^|\x00)(?:/|[A-Za-z]:)|//|/(?:\x00|$)|(?:^|[/\x00])\.\.?(?:[/\x00]|$)"
+)
+
+#: Substrings every refused name holds one of; a search for each is far faster than the regex.
+_SUSPECT = ("\\", "//", "\x00\x00", "/\x00", "\x00/", ":", "/.", "\x00.")
+_SUSPECT_START = ("/", ".", "\x00")
+_SUSPECT_END = ("/", "\x00")
+
+
+def check_names(names: Iterable[object]) -> None:
+    """``check_name`` on every name, at C speed when all of them are fine."""
+    listed = list(names)
+    if not listed:
+        return
+    if set(map(type, listed)) <= {str} and MANIFEST_FILENAME not in listed:
+        joined = "\x00".join(listed)  # type: ignore[arg-type]
+        clean = not (joined.startswith(_SUSPECT_START) or joined.endswith(_SUSPECT_END)) and not any(
+            part in joined for part in _SUSPECT
+        )
+        if joined and joined.count("\x00") == len(listed) - 1 and (clean or not _MAYBE_BAD_JOINED.search(joined)):
+            return
+    for name in listed:
+        check_name(name)
+
+
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(sorted(mapping.items())))
+    keys = list(mapping)
+    ordered = sorted(keys)  # keys alone: far cheaper to compare than (key, value) pairs
+    if ordered == keys:  # as every manifest is written
+        return MappingProxyType(dict(mapping))
+    return MappingProxyType({key: mapping[key] for key in ordered})
 
 
 @dataclass(frozen=True)
@@ -167,7 +203,10 @@ def parse_json(raw: bytes | str, what: str = "manifest") -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    out = {}
     for key, value in pairs:
         if key in out:
             raise ManifestError(f"JSON repeats the key {key!r} in one object")
@@ -201,19 +240,29 @@ def _validate(m: Manifest) -> None:
                 f"{where}: {digest!r} is not a {m.algorithm} digest ({length} lowercase hex characters)"
             )
 
-    for name, digest in m.files.items():
-        check_name(name)
-        check_digest(f"digest of {name!r}", digest)
+    check_names(m.files)
+    if not _all_hex(m.files.values(), length):  # checked all at once; one by one for the message
+        for name, digest in m.files.items():
+            check_digest(f"digest of {name!r}", digest)
     if m.sizes is not None:
-        if set(m.sizes) != set(m.files):
+        if m.sizes.keys() != m.files.keys():
             raise ManifestError("'sizes' must name exactly the files of 'files'")
-        for name, size in m.sizes.items():
-            if not _is_int(size) or size < 0:
-                raise ManifestError(f"size of {name!r} must be a non-negative integer, not {size!r}")
+        if not (set(map(type, m.sizes.values())) <= {int} and min(m.sizes.values(), default=0) >= 0):
+            for name, size in m.sizes.items():
+                if not _is_int(size) or size < 0:
+                    raise ManifestError(f"size of {name!r} must be a non-negative integer, not {size!r}")
     if m.granularity == "chunk":
         _validate_chunks(m, check_digest)
     elif m.chunks is not None or m.chunk_size is not None:
         raise ManifestError(f"'chunks' and 'chunk_size' belong only to chunk granularity, not {m.granularity!r}")
+
+
+def _all_hex(digests: Any, length: int) -> bool:
+    """Whether every one of ``digests`` is a string of ``length`` lowercase hex characters."""
+    values = list(digests)
+    if not set(map(type, values)) <= {str} or {len(v) for v in values} - {length}:
+        return False
+    return not values or _HEX.fullmatch("".join(values)) is not None
 
 
 def _validate_chunks(m: Manifest, check_digest: Any) -> None:

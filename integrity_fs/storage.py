@@ -282,33 +282,44 @@ def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, in
             raise NotADirectoryError(f"{root} is a file, not a checkpoint directory")
         raise FileNotFoundError(f"no checkpoint directory at {root}")
     real_root = os.path.realpath(root)
-    prefix = root.rstrip(os.sep) + os.sep
     out: dict[str, int] = {}
-
-    def fail(err: OSError) -> None:
-        raise err
-
-    for dirpath, _dirs, filenames in os.walk(root, onerror=fail, followlinks=False):
-        for filename in filenames:
-            path = os.path.join(dirpath, filename)
-            name = path[len(prefix) :].replace(os.sep, "/")
-            if name in NOT_CONTENT:
-                continue
-            if os.path.islink(path):
-                target = os.path.realpath(path)
-                if os.path.commonpath([real_root, target]) != real_root:
-                    log.warning("skipping %s: symlink to %s leaves the checkpoint root", name, target)
+    # One scandir per directory and one lstat per file (what os.walk + stat costs, less a stat).
+    todo = [(root, "")]
+    while todo:
+        directory, prefix = todo.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                link = entry.is_symlink()
+                if link:
+                    try:
+                        if entry.is_dir():  # linked directories are never descended
+                            continue
+                    except OSError:
+                        pass
+                elif entry.is_dir(follow_symlinks=False):
+                    todo.append((entry.path, f"{prefix}{entry.name}/"))
                     continue
-                if not os.path.isfile(target):
+                name = prefix + entry.name
+                if name in NOT_CONTENT:
                     continue
-            st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode):
-                log.warning("skipping %s: a %s, not a regular file (never opened)", name, _kind(st.st_mode))
-                continue
-            out[name] = st.st_size
-            if stamps is not None:
-                stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
-    return dict(sorted(out.items()))
+                if link:
+                    target = os.path.realpath(entry.path)
+                    if os.path.commonpath([real_root, target]) != real_root:
+                        log.warning("skipping %s: symlink to %s leaves the checkpoint root", name, target)
+                        continue
+                    if not os.path.isfile(target):
+                        continue
+                    st = os.stat(entry.path)
+                else:
+                    st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    log.warning("skipping %s: a %s, not a regular file (never opened)", name, _kind(st.st_mode))
+                    continue
+                out[name] = st.st_size
+                if stamps is not None:
+                    stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
+    names = sorted(out)
+    return dict(zip(names, map(out.__getitem__, names), strict=True))
 
 
 def _kind(mode: int) -> str:
@@ -427,6 +438,7 @@ def hash_range(
     *,
     file_size: int | None = None,
     stop: threading.Event | None = None,
+    buffer: memoryview | None = None,
 ) -> str:
     """Digest of exactly ``length`` bytes of ``path`` from ``offset``, in bounded memory.
 
@@ -435,13 +447,24 @@ def hash_range(
     Transient failures are retried (``READ_ATTEMPTS`` times, or ``SELF_RETRYING_READ_ATTEMPTS``
     on backends that retry each request themselves); a missing file or a refused permission is
     raised at once. Once ``stop`` is set, the read ends at the next block with ``Cancelled``.
+    ``buffer`` (writable, reused by the caller's thread): a whole local file shorter than it is
+    read into it in one call, for files small enough that per-call work is what costs.
     """
-    attempts = _read_attempts(fs)
     check_end = file_size is not None and offset + length == file_size
+    # A whole local file that fits in ``buffer``: one open, one fstat, one read of a byte more
+    # than planned (and one to see the end), no file object. Retries take the general path.
+    fast = buffer is not None and offset == 0 and check_end and length < len(buffer) and is_local(fs)
+    attempts = READ_ATTEMPTS if fast else _read_attempts(fs)
     for attempt in range(1, attempts + 1):
         _check_stop(stop)
         counter = [0]
         try:
+            if fast and attempt == 1:
+                assert buffer is not None
+                digest = _hash_whole_local(path, algorithm, length, buffer)
+                if progress is not None:
+                    progress(length)
+                return digest
             with storage_errors(f"reading {path}"):
                 return _hash_once(fs, path, algorithm, offset, length, progress, counter, check_end, stop)
         except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotARegularFileError):
@@ -456,6 +479,41 @@ def hash_range(
             with contextlib.suppress(Exception):
                 fs.invalidate_cache(path)  # the retry asks the store again (size, ETag), not the cache
     raise AssertionError("unreachable")
+
+
+def _hash_whole_local(path: str, algorithm: str, length: int, buffer: memoryview) -> str:
+    """Digest of the local regular file ``path`` of ``length`` bytes (``length < len(buffer)``),
+    read into ``buffer``; the same checks as ``_open_local`` and ``_confirm_end``, fewer calls."""
+    try:
+        fd = os.open(path, _FAST_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a unix socket
+            raise NotARegularFileError(f"{path} is a socket, not a regular file (never read)") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            raise NotARegularFileError(f"{path} is a {_kind(st.st_mode)}, not a regular file (never read)")
+        # Ask for a byte more than planned: a file that gives it grew. Fewer bytes than asked, as
+        # many as the opened file's size, is its end; anything else reads on until the end.
+        total = os.readv(fd, (buffer[: length + 1],))
+        if total != length or st.st_size != length:
+            while total <= length and (n := os.readv(fd, (buffer[total : length + 1],))):
+                total += n
+        if total > length:
+            raise FileGrewError(path, length, os.fstat(fd).st_size)
+        if total < length:
+            raise ShortReadError(f"short read from {path}: expected {length} bytes, got {total}")
+    finally:
+        os.close(fd)
+    hasher = new_hasher(algorithm)
+    hasher.update(buffer[:length])
+    return hasher.hexdigest()
+
+
+_FAST_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 def _read_attempts(fs: fsspec.AbstractFileSystem) -> int:
