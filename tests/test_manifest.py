@@ -113,9 +113,30 @@ def test_malformed_manifest_says_what_is_wrong(raw, message):
         "_integrity_manifest.json",
     ],
 )
-def test_names_that_escape_the_root_are_refused(name):
+@pytest.mark.parametrize("among", [(), ("a", "b/c"), ("a",), ("z",)])
+def test_names_that_escape_the_root_are_refused(name, among):
+    files = dict.fromkeys([*among[:1], name, *among[1:]], D)  # alone, between, first or last
     with pytest.raises(ManifestError, match="file name|must not list itself"):
-        Manifest.from_json(doc(files={name: D}))
+        Manifest.from_json(doc(files=files))
+
+
+_NAME_PARTS = st.sampled_from(["a", "b", ".", "..", "", "/", "\\", "\x00", ":", "C", ".x", "\n", "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_NAME_PARTS, max_size=5).map("".join), max_size=4))
+def test_names_checked_together_are_refused_exactly_when_one_is(names):
+    """``check_names`` (one search over all names) agrees with ``check_name`` on each."""
+    from integrity_fs.manifest import check_name, check_names
+
+    def refused(check, value):
+        try:
+            check(value)
+        except ManifestError:
+            return True
+        return False
+
+    assert refused(check_names, names) == any(refused(check_name, n) for n in names)
 
 
 def test_nested_manifest_name_is_an_ordinary_file():

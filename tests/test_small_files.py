@@ -1,0 +1,150 @@
+"""Thousands of small files (issue 15 part 2): local whole files up to ``core.SMALL_FILE`` are
+hashed in batches, one task each, every file in one read into the task's buffer. Every check of
+the one-file-per-task path holds for a file in the middle of a batch: growth, vanishing, a FIFO,
+a shrunk file, the stop flag between files, the first failure stopping the rest."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsspec.callbacks import Callback
+
+import integrity_fs as ifs
+from integrity_fs import IntegrityError, core, storage
+from integrity_fs.hashing import Unit
+
+
+def _workers_alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("integrity_fs_")]
+
+
+class _AfterListing(Callback):  # type: ignore[misc]
+    """Runs ``change`` after the listing, just before the first byte is read."""
+
+    def __init__(self, change: Any) -> None:
+        super().__init__()
+        self.change = change
+
+    def set_size(self, size: int) -> None:
+        self.change()
+        super().set_size(size)
+
+
+def _many(root: Path, count: int, size: int = 1000) -> dict[str, bytes]:
+    files = {f"d{i % 3}/f{i:03d}.bin": os.urandom(size) for i in range(count)}
+    for name, data in files.items():
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+def test_small_files_go_in_batches_and_large_units_alone() -> None:
+    big = core.SMALL_FILE + 1
+    units = [Unit("big", 0, 0, big, big), Unit("chunked", 1, 100, 100, 1000), Unit("lone-chunk", 0, 0, 10, 10)]
+    units += [Unit(f"s{i}", 0, 0, 1000, 1000) for i in range(core.BATCH_FILES + 1)]
+    units += [Unit(f"m{i}", 0, 0, core.SMALL_FILE, core.SMALL_FILE) for i in range(5)]
+    tasks = core._tasks(sorted(units, key=lambda u: -u.length))
+    per_batch = core.BATCH_BYTES // core.SMALL_FILE
+    assert [len(t) for t in tasks] == [1, per_batch, core.BATCH_FILES, 1, 7 - per_batch]
+    assert tasks[0] == [units[0]]  # larger than SMALL_FILE: a task of its own
+    assert [u.name for u in tasks[1]] == [f"m{i}" for i in range(per_batch)]  # BATCH_BYTES ends it
+    assert [u.name for u in tasks[3]] == ["chunked"]  # a chunk that is not its whole file
+    assert tasks[-1][-1].name == "lone-chunk"  # a file's only chunk is its whole file
+
+
+def test_a_file_that_grew_vanished_shrank_or_became_a_fifo_inside_a_batch_is_reported(tmp_path, monkeypatch):
+    files = _many(tmp_path, 150)
+    ifs.seal(tmp_path)
+    digests = ifs.read_manifest(tmp_path).files
+    monkeypatch.setattr(storage, "_RETRY_DELAY_S", 0)
+
+    def change() -> None:
+        (tmp_path / "d0/f060.bin").write_bytes(files["d0/f060.bin"] + b"more")
+        (tmp_path / "d1/f061.bin").unlink()
+        (tmp_path / "d2/f062.bin").unlink()
+        os.mkfifo(tmp_path / "d2/f062.bin")
+        (tmp_path / "d0/f063.bin").write_bytes(b"y" + files["d0/f063.bin"][1:])
+
+    with pytest.raises(IntegrityError) as err:
+        ifs.verify(tmp_path, callback=_AfterListing(change), max_workers=2)
+    problems = {p.path: (p.kind, p.actual) for p in err.value.report.problems}
+    assert problems == {
+        "d0/f060.bin": ("size", 1004),
+        "d1/f061.bin": ("missing", None),
+        "d2/f062.bin": ("missing", None),
+        "d0/f063.bin": ("mismatch", problems["d0/f063.bin"][1]),
+    }
+    assert problems["d0/f063.bin"][1] != digests["d0/f063.bin"]
+    assert err.value.report.files_checked == 148
+
+    (tmp_path / "d2/f062.bin").unlink()
+    for name in ("d0/f060.bin", "d1/f061.bin", "d2/f062.bin", "d0/f063.bin"):
+        (tmp_path / name).write_bytes(files[name])
+    ifs.verify(tmp_path)
+    shrink = _AfterListing(lambda: (tmp_path / "d0/f063.bin").write_bytes(files["d0/f063.bin"][:10]))
+    with pytest.raises(OSError, match=r"short read from .*f063\.bin"):
+        ifs.verify(tmp_path, callback=shrink)
+
+
+def test_batched_files_hash_as_one_file_per_task_does(tmp_path, monkeypatch):
+    files = _many(tmp_path, 130, size=3000)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    sealed = ifs.seal(tmp_path)
+    monkeypatch.setattr(core, "SMALL_FILE", -1)  # nothing is small: every file its own task
+    assert ifs.seal(tmp_path, overwrite=True).files == sealed.files
+    assert len(files) + 1 == len(sealed.files)
+    monkeypatch.undo()
+    report = ifs.verify(tmp_path, max_workers=3)
+    assert report.files_checked == 131 and report.bytes_checked == 130 * 3000
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch):
+    _many(tmp_path, 200, size=100)
+    ifs.seal(tmp_path)
+    started_files: list[str] = []
+    original = storage.hash_range
+
+    def slow(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
+        started_files.append(path)
+        time.sleep(0.02)  # 200 files on 2 threads: 2 s if nothing stopped them
+        return original(fs, path, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "hash_range", slow)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # a real Ctrl-C
+    started = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        ifs.verify(tmp_path, max_workers=2)
+    assert time.perf_counter() - started < 0.8
+    assert _workers_alive() == []
+    count = len(started_files)
+    time.sleep(0.1)
+    assert len(started_files) == count < 60  # nothing read after the call returned
+
+
+@pytest.mark.timeout(30)
+def test_the_first_failure_stops_the_other_batches(tmp_path, monkeypatch):
+    _many(tmp_path, 200, size=100)
+    ifs.seal(tmp_path)
+    original = storage.hash_range
+    calls: list[str] = []
+
+    def failing(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
+        calls.append(path)
+        if path.endswith("f001.bin"):
+            raise PermissionError(13, "denied (injected)", path)
+        time.sleep(0.01)
+        return original(fs, path, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "hash_range", failing)
+    with pytest.raises(PermissionError, match="injected"):
+        ifs.verify(tmp_path, max_workers=2)
+    assert _workers_alive() == []
+    assert len(calls) < 40  # of 200: the other batch stopped at its next file
