@@ -29,6 +29,7 @@ from benchmarks.report import (
     reference_by,
     rows_table,
     s3_lines,
+    small_file_lines,
     table,
 )
 
@@ -48,6 +49,7 @@ class Config:
     s3_sets: tuple[Dataset, ...]
     chunk_sizes: tuple[int, ...]
     blake3: Dataset  # issue 15 part 3: verify with BLAKE3 against SHA-256 and b3sum
+    many: Dataset  # issue 15 part 2: very many tiny files, for memory and the quick path
     repeats: int  # timed calls per contender and round
     rounds: int  # round-robin passes over a dataset's contenders
     dcp_mib: int = 512  # the state dict of the DCP section
@@ -65,6 +67,7 @@ QUICK = Config(
     ),
     chunk_sizes=(64 * MiB,),
     blake3=Dataset("blake3", "BLAKE3 set", 4, 64 * MiB),
+    many=Dataset("many", "very many tiny files", 20000, 4096),
     repeats=3,
     rounds=1,
     dcp_mib=128,
@@ -81,6 +84,7 @@ FULL = Config(
     ),
     chunk_sizes=(16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB),
     blake3=Dataset("blake3", "BLAKE3 set", 4, 256 * MiB),
+    many=Dataset("many", "very many tiny files", 100000, 4096),
     repeats=3,
     rounds=2,
 )
@@ -136,6 +140,24 @@ def run_local(bench: Bench, cfg: Config) -> None:
     local_contenders(bench, cfg.several)
     local_contenders(bench, cfg.one, ranges=True)
     local_contenders(bench, cfg.small, one_worker=True)
+    many_files(bench, cfg.many)
+
+
+def many_files(bench: Bench, ds: Dataset) -> None:
+    """Issue 15 part 2: seal and verify of very many tiny files (peak RSS), and ``quick=True``
+    against a bare ``os.walk`` + ``stat`` of the same tree."""
+    sealed = datasets.sealed_dir(bench.root, ds)
+    datasets.warm(datasets.data_files(bench.root, ds))
+
+    def m(name: str, title: str, contender: str, params: dict[str, Any], **kw: Any) -> None:
+        bench.add("local", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}", **kw)
+
+    m("verify", "integrity_fs.verify (file granularity, default workers)", "integrity_fs", {"url": sealed})
+    m("seal", "integrity_fs.seal (overwrite=True)", "integrity_fs-seal", {"url": sealed})
+    m("quick", "integrity_fs.verify(quick=True)", "integrity_fs", {"url": sealed, "quick": True}, reads_content=False)
+    m("walk", "os.walk + os.stat of every file", "walk-stat", {"directory": sealed}, reads_content=False)
+    m("serial", "hashlib, 1 thread, 1 MiB reads", "hashlib-serial", {"directory": datasets.data_dir(bench.root, ds)})
+    bench.run()
 
 
 def run_memory(bench: Bench, cfg: Config) -> None:
@@ -347,6 +369,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
         "",
     ]
     lines = local_targets(bench, cfg.several, cfg.one, cfg.memory)
+    lines += small_file_lines(bench, cfg.small, cfg.many)
     lines += chunk_size_lines(bench, (cfg.one, cfg.several), cfg.chunk_sizes)
     lines += s3_lines(bench, cfg.s3_sets, bench.find("several:threads"))
     lines += blake3_lines(bench, cfg.blake3)

@@ -111,6 +111,32 @@ def integrity_fs_verify(
     return run
 
 
+@contender("integrity_fs-seal")
+def integrity_fs_seal(url: str, *, max_workers: int | None = None) -> Run:
+    """``integrity_fs.seal(url, overwrite=True)``: list, hash, write the manifest (the same one each call)."""
+    import integrity_fs
+
+    def run() -> object:
+        return integrity_fs.seal(url, overwrite=True, max_workers=max_workers)
+
+    return run
+
+
+@contender("walk-stat")
+def walk_stat(directory: str) -> Run:
+    """A bare ``os.walk`` + ``os.stat`` of every file: what a listing costs, the floor of ``quick=True``."""
+
+    def run() -> object:
+        sizes = {}
+        for dirpath, _dirs, names in os.walk(directory):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                sizes[path] = os.stat(path).st_size
+        return sizes
+
+    return run
+
+
 @contender("hashlib-serial")
 def hashlib_serial(directory: str, *, block_size: int = MiB) -> Run:
     """One thread, ``hashlib.sha256`` over each file in ``block_size`` reads: one core's limit."""

@@ -160,6 +160,50 @@ def local_targets(bench: Bench, several: Dataset, one: Dataset, memory: Dataset 
     return out
 
 
+def small_file_lines(bench: Bench, small: Dataset, many: Dataset) -> list[str]:
+    """Issue 15 part 2: small files on every core, very many files in bounded memory, and the
+    quick path near the cost of a bare listing. CPU seconds are printed beside the times: on a
+    busy machine they show what the work costs where the wall clock cannot."""
+    out: list[str] = []
+    f = bench.find
+
+    def cpu(row: Row) -> str:
+        return f"{row.median_s * row.cores:.3f} CPU s"
+
+    default, single, bare = f(f"{small.key}:verify"), f(f"{small.key}:verify-w1"), f(f"{small.key}:serial")
+    if default and bare:
+        speedup = bare.median_s / default.median_s
+        text = (
+            f"verify of {small.label} ({shape(small)}): {default.median_s:.3f} s ({cpu(default)}, "
+            f"{default.cores:.2f} cores busy) = {speedup:.2f}x faster than bare one-thread hashlib "
+            f"({bare.median_s:.3f} s, {cpu(bare)}); target ≥ 1.3x"
+        )
+        out.append(verdict(speedup >= 1.3, text, default, bare))
+    if default and single:
+        text = (
+            f"verify of {small.label}: default workers {default.median_s:.3f} s, max_workers=1 "
+            f"{single.median_s:.3f} s ({cpu(single)}); target: the default never slower"
+        )
+        out.append(verdict(default.median_s <= single.median_s, text, default, single))
+    for name, what in (("seal", "seal"), ("verify", "verify")):
+        row = f(f"{many.key}:{name}")
+        if row:
+            text = (
+                f"peak RSS of {what} of {many.label} ({shape(many)}): {row.peak_mib:.0f} MiB, of which "
+                f"{row.ready_mib:.0f} MiB before any work; {row.median_s:.3f} s ({cpu(row)}); target ≤ 150 MiB"
+            )
+            out.append(verdict(row.peak_mib <= 150, text))
+    quick, walk = f(f"{many.key}:quick"), f(f"{many.key}:walk")
+    if quick and walk:
+        ratio = quick.median_s / walk.median_s
+        text = (
+            f"quick verify of {many.label} ({shape(many)}): {quick.median_s:.3f} s ({cpu(quick)}) = {ratio:.2f}x "
+            f"a bare os.walk + stat of the tree ({walk.median_s:.3f} s, {cpu(walk)}); target ≤ 1.5x"
+        )
+        out.append(verdict(ratio <= 1.5, text, quick, walk))
+    return out
+
+
 def chunk_size_lines(bench: Bench, datasets: Sequence[Dataset], chunk_sizes: Sequence[int]) -> list[str]:
     """Which chunk size of the sweep verifies fastest, per dataset, with all workers."""
     if len(chunk_sizes) < 2:

@@ -142,8 +142,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys, two-space indent, UTF-8, trailing newline."""
-        text = json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=False)
-        return (text + "\n").encode("utf-8")
+        return (canonical_json(self.to_dict()) + "\n").encode("utf-8")
 
     @classmethod
     def from_dict(cls, data: object) -> Manifest:
@@ -200,6 +199,35 @@ def parse_json(raw: bytes | str, what: str = "manifest") -> Any:
         raise ManifestError(f"{what}: {e}") from e
     except ValueError as e:  # JSONDecodeError, and the int conversion limit ("Exceeds the limit")
         raise ManifestError(f"{what} is not valid JSON: {e}") from e
+
+
+_encode_str = json.encoder.encode_basestring  # what json.dumps uses with ensure_ascii=False
+_scalar = int.__repr__  # what json.dumps writes for an int
+
+
+def canonical_json(value: Any, indent: str = "") -> str:
+    """``json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False)``, the same text, for
+    what a manifest holds (objects, arrays, strings, integers), made with a few large joins rather
+    than json's many small pieces: a manifest of 100,000 files takes a fraction of the time and memory."""
+    if type(value) is str:
+        return str(_encode_str(value))
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        inner = indent + "  "
+        lines = ",\n".join(
+            f"{inner}{_encode_str(k)}: "
+            f"{_encode_str(v) if type(v) is str else _scalar(v) if type(v) is int else canonical_json(v, inner)}"
+            for k, v in sorted(value.items())
+        )
+        return f"{{\n{lines}\n{indent}}}"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        inner = indent + "  "
+        lines = ",\n".join(f"{inner}{canonical_json(v, inner)}" for v in value)
+        return f"[\n{lines}\n{indent}]"
+    return json.dumps(value)  # integers and the rest: as json writes them
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -196,3 +196,18 @@ def test_manifest_pickles_as_itself():
 
     m = Manifest(files={"a": D}, sizes={"a": 1})
     assert pickle.loads(pickle.dumps(m)) == m
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_canonical_json_is_what_json_dumps_writes(value):
+    from integrity_fs.manifest import canonical_json
+
+    assert canonical_json(value) == json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False)
