@@ -452,7 +452,7 @@ def hash_range(
     """
     check_end = file_size is not None and offset + length == file_size
     # A whole local file that fits in ``buffer``: one open, one fstat, one read of a byte more
-    # than planned (and one to see the end), no file object. Retries take the general path.
+    # than planned, no file object (see ``_hash_whole_local``). Retries take the general path.
     fast = buffer is not None and offset == 0 and check_end and length < len(buffer) and is_local(fs)
     attempts = READ_ATTEMPTS if fast else _read_attempts(fs)
     for attempt in range(1, attempts + 1):
