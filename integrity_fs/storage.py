@@ -285,6 +285,7 @@ def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, in
     out: dict[str, int] = {}
     # One scandir per directory and one lstat per file (what os.walk + stat costs, less a stat).
     todo = [(root, "")]
+    is_regular = stat.S_ISREG
     while todo:
         directory, prefix = todo.pop()
         with os.scandir(directory) as entries:
@@ -296,11 +297,11 @@ def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, in
                             continue
                     except OSError:
                         pass
-                elif entry.is_dir(follow_symlinks=False):
+                elif entry.is_dir():  # not a link: nothing to follow
                     todo.append((entry.path, f"{prefix}{entry.name}/"))
                     continue
                 name = prefix + entry.name
-                if name in NOT_CONTENT:
+                if not prefix and name in NOT_CONTENT:
                     continue
                 if link:
                     target = os.path.realpath(entry.path)
@@ -311,8 +312,8 @@ def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, in
                         continue
                     st = os.stat(entry.path)
                 else:
-                    st = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
+                    st = entry.stat()  # not a link: its lstat, cached by scandir where the OS gives it
+                if not is_regular(st.st_mode):
                     log.warning("skipping %s: a %s, not a regular file (never opened)", name, _kind(st.st_mode))
                     continue
                 out[name] = st.st_size
