@@ -106,14 +106,14 @@ def test_batched_files_hash_as_one_file_per_task_does(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch):
-    _many(tmp_path, 200, size=100)
+    _many(tmp_path, 400, size=100)
     ifs.seal(tmp_path)
     started_files: list[str] = []
     original = storage.hash_range
 
     def slow(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
         started_files.append(path)
-        time.sleep(0.02)  # 200 files on 2 threads: 2 s if nothing stopped them
+        time.sleep(0.02)  # 400 files on 2 threads: 4 s if nothing stopped them
         return original(fs, path, *args, **kwargs)
 
     monkeypatch.setattr(storage, "hash_range", slow)
@@ -122,11 +122,11 @@ def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch):
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         ifs.verify(tmp_path, max_workers=2)
-    assert time.perf_counter() - started < 0.8
+    assert time.perf_counter() - started < 2.0
     assert _workers_alive() == []
     count = len(started_files)
     time.sleep(0.1)
-    assert len(started_files) == count < 60  # nothing read after the call returned
+    assert len(started_files) == count < 120  # nothing read after the call returned
 
 
 @pytest.mark.timeout(30)
