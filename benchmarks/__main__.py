@@ -112,7 +112,7 @@ def local_contenders(bench: Bench, ds: Dataset, *, ranges: bool = False, one_wor
     data = datasets.data_dir(bench.root, ds)
     sealed = datasets.sealed_dir(bench.root, ds)
     chunked = datasets.sealed_dir(bench.root, ds, 64 * MiB)
-    datasets.warm(datasets.data_files(bench.root, ds))
+    datasets.warm(datasets.ensure_files(bench.root, ds))
 
     def m(name: str, title: str, contender: str, params: dict[str, Any], **kw: Any) -> None:
         bench.add("local", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}", **kw)
@@ -147,7 +147,7 @@ def many_files(bench: Bench, ds: Dataset) -> None:
     """Issue 15 part 2: seal and verify of very many tiny files (peak RSS), and ``quick=True``
     against a bare ``os.walk`` + ``stat`` of the same tree."""
     sealed = datasets.sealed_dir(bench.root, ds)
-    datasets.warm(datasets.data_files(bench.root, ds))
+    datasets.warm(datasets.ensure_files(bench.root, ds))
 
     def m(name: str, title: str, contender: str, params: dict[str, Any], **kw: Any) -> None:
         bench.add("local", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}", **kw)
@@ -166,7 +166,7 @@ def run_memory(bench: Bench, cfg: Config) -> None:
     if ds is None:
         log("memory: skipped in the quick run (the target is judged on the several-files set)")
         return
-    datasets.warm(datasets.data_files(bench.root, ds))
+    datasets.warm(datasets.ensure_files(bench.root, ds))
     for name, title, contender, params in (
         (
             "verify",
@@ -195,7 +195,7 @@ def run_chunks(bench: Bench, cfg: Config) -> None:
     """Issue 6: file vs chunk granularity at 1 and all workers, the chunk-size sweep at all
     workers, the raw threaded range hash, and model_signing's 64 MiB shards."""
     for ds in (cfg.one, cfg.several):
-        datasets.warm(datasets.data_files(bench.root, ds))
+        datasets.warm(datasets.ensure_files(bench.root, ds))
 
         def m(name: str, title: str, contender: str, params: dict[str, Any], ds: Dataset = ds) -> None:
             bench.add("chunks", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}")
@@ -267,7 +267,7 @@ def run_blake3(bench: Bench, cfg: Config) -> None:
     """verify of the same files sealed with SHA-256 and with BLAKE3, and b3sum over them."""
     ds = cfg.blake3
     sha256, blake3 = datasets.sealed_dir(bench.root, ds), datasets.sealed_dir(bench.root, ds, algorithm="blake3")
-    datasets.warm(datasets.data_files(bench.root, ds))
+    datasets.warm(datasets.ensure_files(bench.root, ds))
 
     def m(name: str, title: str, contender: str, params: dict[str, Any]) -> None:
         bench.add("blake3", label_of(ds), title, contender, params, ds.total_bytes, key=f"{ds.key}:{name}")

@@ -72,6 +72,12 @@ def data_files(root: str, ds: Dataset) -> list[str]:
     return [os.path.join(base, name) for name in ds.file_names()]
 
 
+def ensure_files(root: str, ds: Dataset) -> list[str]:
+    """The dataset's data files, generated now unless a complete copy is cached."""
+    ensure_data(root, ds)
+    return data_files(root, ds)
+
+
 def ensure_data(root: str, ds: Dataset) -> str:
     """The dataset's data directory, generated now unless a complete copy is cached."""
     base = data_dir(root, ds)
