@@ -115,6 +115,8 @@ def seal(
         refuse_if_sealed(fs_, root)
     started = time.perf_counter()
     sizes = list_for_seal(fs_, root)
+    if key is not None:
+        signing.check_shard_names(granularity, sizes)
     units = plan_units(granularity, sizes, chunk_size)
     digests = hash_units(fs_, root, algorithm, units, max_workers=max_workers, callback=callback)
     if None in digests.values():

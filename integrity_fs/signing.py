@@ -175,6 +175,20 @@ def _shard_name(name: str, start: int, end: int) -> str:
     return f"{name}:{start}:{end}"
 
 
+def check_shard_names(granularity: str, sizes: Mapping[str, int]) -> None:
+    """``ValueError`` naming a file whose shard resource model_signing could not hold: with
+    chunk granularity, a non-empty file whose name has ``':'`` (shards are ``name:start:end``).
+    Called on the listing, so a seal that would fail to sign fails before reading anything."""
+    if granularity != "chunk":
+        return
+    bad = sorted(name for name, size in sizes.items() if size and ":" in name)
+    if bad:
+        raise ValueError(
+            f"{bad[0]!r}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}: model_signing's shard "
+            "names cannot hold a file name with ':' (sign with granularity='file')"
+        )
+
+
 def resources(manifest: Manifest) -> dict[str, str]:
     """The resources model_signing would list for ``manifest``'s files: name -> hex digest."""
     check_signable(manifest.algorithm, manifest.granularity)
@@ -186,8 +200,7 @@ def resources(manifest: Manifest) -> dict[str, str]:
         size = manifest.sizes[name]
         if size == 0:
             continue  # model_signing gives an empty file no shard
-        if ":" in name:
-            raise ValueError(f"{name!r}: model_signing's shard names cannot hold a file name with ':'")
+        check_shard_names("chunk", {name: size})
         for i, digest in enumerate(digests):
             out[_shard_name(name, *chunk_range(size, manifest.chunk_size, i))] = digest
     return out

@@ -159,6 +159,7 @@ def upload(
         _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
         if key is not None:
             signing.check_signable(manifest.algorithm, manifest.granularity)
+            signing.check_shard_names(manifest.granularity, dict(manifest.sizes or listing))
         plan = core.plan_verification(manifest, listing)
         if plan.problems:
             raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
@@ -174,6 +175,8 @@ def upload(
         _verified_copy(source, dst, manifest, plan, max_workers, callback)
     else:
         chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
+        if key is not None:
+            signing.check_shard_names(granularity, listing)
         _prepare_destination(dst, overwrite)
         outcomes = _stream(source, dst, listing, algorithm, granularity, chunk_size, max_workers, callback)
         copied = _sent_as_listed(source, outcomes)

@@ -560,3 +560,22 @@ def test_without_cryptography_signing_says_how_to_install_it(
         ifs.verify(ckpt, public_key=key.public)
     with pytest.raises(ImportError, match=r"integrity-fs\[sign\]"):
         ifs.sign(ckpt, private_key=key.private)
+
+
+def test_a_name_chunk_signatures_cannot_hold_is_refused_before_anything_is_read(tmp_path: Path, key: Keys) -> None:
+    """model_signing's shards are ``name:start:end``: a non-empty ``step:1.bin`` cannot be signed in
+    chunk granularity. seal and upload say so from the listing, before hashing or sending."""
+    root = tmp_path / "ck"
+    root.mkdir()
+    (root / "step:1.bin").write_bytes(b"weights")
+    (root / "ok.bin").write_bytes(b"more")
+    progress = fsspec.callbacks.Callback()
+    with pytest.raises(ValueError, match=r"'step:1.bin'.*granularity='file'"):
+        ifs.seal(root, granularity="chunk", private_key=key.private, callback=progress)
+    assert progress.size is None  # refused from the listing: no total announced, nothing hashed
+    assert not (root / MANIFEST_FILENAME).exists()
+    with pytest.raises(ValueError, match="step:1.bin"):
+        ifs.upload(root, str(tmp_path / "dst"), granularity="chunk", private_key=key.private)
+    assert not (tmp_path / "dst").exists()
+    ifs.seal(root, private_key=key.private)  # file granularity signs any name
+    ifs.verify(root, public_key=key.public)
