@@ -46,13 +46,14 @@ URL = str | os.PathLike[str]
 
 @dataclass(frozen=True)
 class Grown:
-    """What reading a unit found when its file holds more bytes than planned (``size``, if known)."""
+    """What reading a unit found when its file does not hold the planned bytes: more than
+    sealed, or (the store confirms) fewer than listed; ``size`` is what it holds, if known."""
 
     size: int | None
 
 
 #: What hashing a unit gives: its digest; ``None`` when the file vanished; ``Grown`` when the
-#: file turned out longer than the listing said.
+#: file turned out longer than sealed or shorter than listed.
 UnitOutcome = str | Grown | None
 
 #: Concurrent reads on object stores, where latency, not the CPU, is the limit.
@@ -287,7 +288,7 @@ def build_manifest(
     """
     grown = sorted({u.name for u, d in digests.items() if isinstance(d, Grown)})
     if grown:
-        raise OSError(f"files changed while sealing (longer than listed): {', '.join(grown)}")
+        raise OSError(f"files changed size while sealing (not the size listed): {', '.join(grown)}")
     by_file = _digests_by_file(digests)
     files = {name: file_digest(algorithm, granularity, by_file[name]) for name in sizes}
     chunks = {name: tuple(by_file[name]) for name in sizes} if granularity == "chunk" else None
@@ -602,7 +603,7 @@ def hash_units(
             )
         except (FileNotFoundError, storage.NotARegularFileError):
             return None
-        except storage.FileGrewError as exc:
+        except storage.SizeChangedError as exc:  # longer than sealed, or shorter now than listed
             return Grown(exc.size)
 
     def task(index: int) -> list[UnitOutcome]:

@@ -473,6 +473,10 @@ def hash_range(
         except OSError as exc:
             if progress is not None and counter[0]:
                 progress(-counter[0])
+            if isinstance(exc, ShortReadError) or exc.errno == errno.EINVAL:  # short, or a range past the end
+                now = _shorter_now(fs, path, offset + length)
+                if now is not None:  # the store says the file is shorter now: content, not storage
+                    raise SizeChangedError(path, offset + length, now) from exc
             if attempt == attempts:
                 raise type(exc)(f"reading {path} failed {attempts} times: {exc}") from exc
             log.info("retrying read of %s after %s (attempt %d of %d)", path, exc, attempt, attempts)
@@ -594,6 +598,16 @@ def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> 
         size = _fresh_size(fs, path)
         if size > end:
             raise FileGrewError(path, end, size)
+
+
+def _shorter_now(fs: fsspec.AbstractFileSystem, path: str, end: int) -> int | None:
+    """The size of ``path`` now when the store says it ends before ``end``; ``None`` when it does
+    not, or cannot say (then a short read stays a storage failure, and is retried)."""
+    try:
+        size = os.stat(path).st_size if is_local(fs) else _fresh_size(fs, path)
+    except Exception:
+        return None
+    return size if size < end else None
 
 
 def _fresh_size(fs: fsspec.AbstractFileSystem, path: str) -> int:

@@ -111,6 +111,22 @@ def test_a_file_that_grew_after_the_listing_is_a_size_problem(backend: Backend, 
     assert _problems(err) == {"a.bin": ("size", 2500, 2508)}
 
 
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_a_file_that_shrank_after_the_listing_is_a_size_problem(backend: Backend, granularity):
+    """The store confirms the file is shorter now: its content is not what was sealed, a "size"
+    problem (not a storage failure retried into an OSError)."""
+    data = os.urandom(2500)
+    backend.write("a.bin", data)
+    backend.write("b.bin", b"steady")
+    chunk_size = 1000 if granularity == "chunk" else None
+    ifs.seal(backend.url, storage_options=backend.storage_options, granularity=granularity, chunk_size=chunk_size)
+
+    shrunk = _GrowWhenHashingStarts(lambda: backend.write("a.bin", data[:1700]))
+    with pytest.raises(IntegrityError) as err:
+        ifs.verify(backend.url, storage_options=backend.storage_options, callback=shrunk)
+    assert _problems(err) == {"a.bin": ("size", 2500, 1700)}
+
+
 def test_an_empty_file_that_grew_after_the_listing_is_a_size_problem(tmp_path):
     (tmp_path / "empty.bin").write_bytes(b"")
     ifs.seal(tmp_path)
