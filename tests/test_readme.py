@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,14 @@ import os, torch.distributed as dist
 dist.init_process_group("gloo", init_method=os.environ["README_INIT"], rank=int(os.environ["RANK"]),
                         world_size=int(os.environ["WORLD_SIZE"]))
 """
-RANK_EPILOGUE = "\ndist.barrier()\ndist.destroy_process_group()\n"
+#: What a rank prints once its group is destroyed: every line of the block has run.
+DONE = "readme-test: process group destroyed"
+RANK_EPILOGUE = f"\ndist.barrier()\ndist.destroy_process_group()\nprint({DONE!r}, flush=True)\n"
+#: How torch 2.13 (rarely) aborts a gloo process on its way out after ``destroy_process_group``:
+#: seen once in CI, on a rank that had passed the closing barrier; not reproduced in local runs.
+#: That abort, and only after ``DONE``, is reported as a warning rather than a failure.
+TEARDOWN_ABORT = "terminate called without an active exception"
+TEARDOWN_WARNING = "torch aborted a rank at exit, after the block had run"
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,12 @@ def test_the_readme_has_the_snippets_it_should() -> None:
 
 def start(code: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-X", "faulthandler", "-c", code],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -78,6 +92,9 @@ def wait_all(procs: dict[str, subprocess.Popen[str]]) -> None:
         for proc in procs.values():
             proc.kill()
     for name, proc in procs.items():
+        if proc.returncode == -signal.SIGABRT and DONE in outputs[name] and TEARDOWN_ABORT in outputs[name]:
+            warnings.warn(f"{TEARDOWN_WARNING} ({name}):\n{outputs[name]}", RuntimeWarning, stacklevel=2)
+            continue
         assert proc.returncode == 0, f"{name}:\n{outputs[name]}"
 
 
@@ -118,6 +135,7 @@ def fresh_bucket(endpoint: str) -> None:
     fs.invalidate_cache()
 
 
+@pytest.mark.filterwarnings(f"default:{TEARDOWN_WARNING}:RuntimeWarning")  # shown, not raised
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_snippet_runs(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if block.directive.startswith("skip:"):
@@ -139,3 +157,24 @@ def test_readme_snippet_runs(block: Block, request: pytest.FixtureRequest, tmp_p
         else:  # separate directories: all at once
             procs.update({f"{name}, ranks={n}": p for name, p in launch(block.code, cwd, env, n).items()})
     wait_all(procs)
+
+
+@pytest.mark.parametrize(
+    ("printed", "how", "passes"),
+    [
+        (f"{DONE}\n{TEARDOWN_ABORT}", "abort", True),  # the known teardown abort: a warning
+        (TEARDOWN_ABORT, "abort", False),  # an abort before the block ended
+        (DONE, "abort", False),  # another abort
+        (DONE, "exit 1", False),
+    ],
+)
+def test_only_a_teardown_abort_after_the_block_is_forgiven(printed: str, how: str, passes: bool) -> None:
+    end = "os.abort()" if how == "abort" else "sys.exit(1)"
+    code = f"import os, sys\nprint({printed!r}, flush=True)\n{end}\n"
+    procs = {"rank 0 of 2": start(code, Path.cwd(), dict(os.environ))}
+    if passes:
+        with pytest.warns(RuntimeWarning, match=TEARDOWN_WARNING):
+            wait_all(procs)
+    else:
+        with pytest.raises(AssertionError):
+            wait_all(procs)
