@@ -455,34 +455,72 @@ def hash_range(
     # A whole local file that fits in ``buffer``: one open, one fstat, one read of a byte more
     # than planned, no file object (see ``_hash_whole_local``). Retries take the general path.
     fast = buffer is not None and offset == 0 and check_end and length < len(buffer) and is_local(fs)
+    counted = [0]  # bytes reported to ``progress`` by the attempt under way
+
+    def once(attempt: int) -> str:
+        counted[0] = 0
+        if fast and attempt == 1:
+            assert buffer is not None
+            digest = _hash_whole_local(path, algorithm, length, buffer)
+            if progress is not None:
+                progress(length)
+            return digest
+        return _hash_once(fs, path, algorithm, offset, length, progress, counted, check_end, stop)
+
+    def undo() -> None:
+        if progress is not None and counted[0]:
+            progress(-counted[0])
+
+    def shorter_now(exc: OSError) -> None:
+        if isinstance(exc, ShortReadError) or exc.errno == errno.EINVAL:  # short, or a range past the end
+            now = _shorter_now(fs, path, offset + length)
+            if now is not None:  # the store says the file is shorter now: content, not storage
+                raise SizeChangedError(path, offset + length, now) from exc
+
     attempts = READ_ATTEMPTS if fast else _read_attempts(fs)
+    return _retried(fs, path, f"reading {path}", attempts, once, undo=undo, stop=stop, check=shorter_now)
+
+
+def _retried(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    what: str,
+    attempts: int,
+    once: Callable[[int], T],
+    *,
+    undo: Callable[[], None],
+    stop: threading.Event | None,
+    check: Callable[[OSError], None] | None = None,
+) -> T:
+    """``once(attempt)`` until it returns, ``attempts`` times at most: the retry loop of reads and copies.
+
+    A missing file, a refused permission and what is not a regular file are raised at once. Any
+    other ``OSError`` (backend errors included, through :func:`storage_errors`) undoes the
+    attempt's progress and goes through ``check``, which may raise something else instead (a file
+    the store says is shorter now is content, not storage); then it is retried after a back-off
+    that ``stop`` cuts short (``Cancelled``), with the cached listing of ``path`` dropped so that
+    the retry asks the store again. The last failure is raised with the count.
+    """
     for attempt in range(1, attempts + 1):
         _check_stop(stop)
-        counter = [0]
         try:
-            if fast and attempt == 1:
-                assert buffer is not None
-                digest = _hash_whole_local(path, algorithm, length, buffer)
-                if progress is not None:
-                    progress(length)
-                return digest
-            with storage_errors(f"reading {path}"):
-                return _hash_once(fs, path, algorithm, offset, length, progress, counter, check_end, stop)
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotARegularFileError):
+            with storage_errors(what):
+                return once(attempt)
+        except _NOT_RETRIED:
             raise
         except OSError as exc:
-            if progress is not None and counter[0]:
-                progress(-counter[0])
-            if isinstance(exc, ShortReadError) or exc.errno == errno.EINVAL:  # short, or a range past the end
-                now = _shorter_now(fs, path, offset + length)
-                if now is not None:  # the store says the file is shorter now: content, not storage
-                    raise SizeChangedError(path, offset + length, now) from exc
+            undo()
+            if check is not None:
+                check(exc)
             if attempt == attempts:
-                raise type(exc)(f"reading {path} failed {attempts} times: {exc}") from exc
-            log.info("retrying read of %s after %s (attempt %d of %d)", path, exc, attempt, attempts)
-            time.sleep(_RETRY_DELAY_S * attempt)
+                raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
+            log.info("retrying %s after %s (attempt %d of %d)", what, exc, attempt, attempts)
+            if stop is None:
+                time.sleep(_RETRY_DELAY_S * attempt)
+            elif stop.wait(_RETRY_DELAY_S * attempt):
+                raise Cancelled("stopped") from exc
             with contextlib.suppress(Exception):
-                fs.invalidate_cache(path)  # the retry asks the store again (size, ETag), not the cache
+                fs.invalidate_cache(path)
     raise AssertionError("unreachable")
 
 
@@ -976,33 +1014,22 @@ def copy_file(
     failures are retried as reads are (the writer is aborted and the file sent again), a refused
     permission is raised at once. Whatever fails, nothing half-written is committed.
     """
-    attempts = min(_read_attempts(fs), _read_attempts(dst_fs))
     what = f"copying {describe(fs, path)} to {describe(dst_fs, dst_path)}"
-    for attempt in range(1, attempts + 1):
-        _check_stop(stop)
-        sent = [0]
-        try:
-            with storage_errors(what):
-                return _copy_once(
-                    fs, path, dst_fs, dst_path, length, algorithm, granularity, chunk_size, progress, sent, stop
-                )
-        except _Vanished:
-            progress(-sent[0])
-            return None
-        except _NOT_RETRIED:
-            raise
-        except OSError as exc:
-            progress(-sent[0])
-            if attempt == attempts:
-                raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
-            log.info("retrying %s after %s (attempt %d of %d)", what, exc, attempt, attempts)
-            if stop is not None and stop.wait(_RETRY_DELAY_S * attempt):
-                raise Cancelled("stopped") from exc
-            if stop is None:
-                time.sleep(_RETRY_DELAY_S * attempt)
-            with contextlib.suppress(Exception):
-                fs.invalidate_cache(path)
-    raise AssertionError("unreachable")
+    sent = [0]  # bytes sent (and reported to ``progress``) by the attempt under way
+
+    def once(attempt: int) -> tuple[str, ...]:
+        sent[0] = 0
+        return _copy_once(fs, path, dst_fs, dst_path, length, algorithm, granularity, chunk_size, progress, sent, stop)
+
+    def undo() -> None:
+        progress(-sent[0])
+
+    attempts = min(_read_attempts(fs), _read_attempts(dst_fs))
+    try:
+        return _retried(fs, path, what, attempts, once, undo=undo, stop=stop)
+    except _Vanished:
+        undo()
+        return None
 
 
 def _copy_once(
