@@ -162,6 +162,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to save (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="print the rows and hashing times as JSON")
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ifs-bench-dcp-", dir=args.dir) as tmp:
         rows, hash_s, hash_cpu_s = run(args.mib, args.tensors, args.repeats, Path(tmp))
     if args.json:
