@@ -182,12 +182,13 @@ def status(
     Quick by default (names and sizes against the manifest, no content read); ``full=True`` hashes
     every file. ``callback`` sees one total, the bytes of every valid manifest, and then the bytes
     as they are hashed (``full=True`` only). A checkpoint deleted since the listing (a rotation) is
-    left out, with a WARNING. Raises what :func:`find_checkpoints` raises, and ``OSError`` on a
-    storage error.
+    left out, with a WARNING. A manifest of an algorithm or granularity this installation cannot
+    verify (``NotImplementedError``) makes its checkpoint ``"invalid"``. Raises what
+    :func:`find_checkpoints` raises, and ``OSError`` on a storage error.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
     paths = {name: storage.join(root_, name) for name in checkpoint_names(fs_, root_)}
-    manifests: dict[str, Manifest | ManifestNotFoundError | ManifestError] = {}
+    manifests: dict[str, Manifest | Exception] = {}
     for name, path in paths.items():
         with _unless_vanished(fs_, path):
             manifests[name] = _manifest_or_error(fs_, path)
@@ -230,10 +231,13 @@ class _Share(Callback):  # type: ignore[misc]  # fsspec is untyped
         self._parent.relative_update(inc)
 
 
-def _manifest_or_error(fs: fsspec.AbstractFileSystem, path: str) -> Manifest | ManifestNotFoundError | ManifestError:
+def _manifest_or_error(fs: fsspec.AbstractFileSystem, path: str) -> Manifest | Exception:
+    """The checkpoint's manifest; or why there is none to use: ``ManifestNotFoundError``, ``ManifestError``,
+    or ``NotImplementedError`` (an algorithm or granularity this installation cannot verify, which
+    makes that one checkpoint "invalid", not the whole listing fail)."""
     try:
         return core.load_manifest(fs, path)
-    except (ManifestNotFoundError, ManifestError) as exc:
+    except (ManifestNotFoundError, ManifestError, NotImplementedError) as exc:
         return exc
 
 
@@ -241,7 +245,7 @@ def _status_of(
     fs: fsspec.AbstractFileSystem,
     path: str,
     name: str,
-    manifest: Manifest | ManifestNotFoundError | ManifestError,
+    manifest: Manifest | Exception,
     *,
     full: bool,
     strict: bool,
@@ -251,7 +255,7 @@ def _status_of(
     url = checkpoint_url(fs, path)
     if isinstance(manifest, ManifestNotFoundError):
         return _from_listing(fs, path, name, url, sealed=False, verdict="unsealed", detail=str(manifest))
-    if isinstance(manifest, ManifestError):
+    if not isinstance(manifest, Manifest):  # ManifestError, NotImplementedError
         return _from_listing(fs, path, name, url, sealed=True, verdict="invalid", detail=str(manifest))
     files, nbytes = len(manifest.files), manifest.total_bytes
     if nbytes is None:  # a seed manifest has no sizes: count what is there of its files
@@ -263,7 +267,7 @@ def _status_of(
         return CheckpointStatus(name, url, True, files, nbytes, "damaged", exc.report.problems, str(exc))
     except ManifestNotFoundError as exc:  # the manifest went away since it was read
         return _from_listing(fs, path, name, url, sealed=False, verdict="unsealed", detail=str(exc))
-    except ManifestError as exc:
+    except (ManifestError, NotImplementedError) as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "invalid", (), str(exc))
     return CheckpointStatus(name, url, True, files, nbytes, "ok")
 

@@ -346,6 +346,31 @@ def test_status_of_a_seed_manifest_counts_the_bytes_there(tmp_path: Path) -> Non
     assert (row.files, row.bytes, row.verdict) == (1, 5, "ok")
 
 
+@pytest.mark.parametrize("algorithm", ["md5", "blake3"])
+def test_status_reports_a_manifest_of_an_unsupported_algorithm_as_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
+    from integrity_fs import hashing
+
+    def no_blake3() -> Any:  # as where the blake3 package is not installed
+        raise NotImplementedError("hash algorithm 'blake3' needs the blake3 package")
+
+    monkeypatch.setitem(hashing.ALGORITHMS, "blake3", no_blake3)
+    for name in ("step_1", "step_2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.bin").write_bytes(b"12345")
+        ifs.seal(tmp_path / name)
+    manifest = json.loads((tmp_path / "step_2" / MANIFEST_FILENAME).read_text())
+    (tmp_path / "step_2" / MANIFEST_FILENAME).write_text(json.dumps({**manifest, "algorithm": algorithm}))
+    for full in (False, True):
+        rows = checkpoints.status(tmp_path, full=full)  # one such checkpoint does not stop the listing
+        assert [(r.name, r.sealed, r.files, r.bytes, r.verdict) for r in rows] == [
+            ("step_2", True, 1, 5, "invalid"),
+            ("step_1", True, 1, 5, "ok"),
+        ]
+        assert algorithm in rows[0].detail
+
+
 def test_status_raises_storage_errors() -> None:
     fs = FaultyFS()
     root = f"/run-{uuid.uuid4().hex}"

@@ -817,6 +817,18 @@ def test_status_lists_every_checkpoint_with_its_verdict(run: Path) -> None:
     }
 
 
+def test_status_lists_a_checkpoint_of_an_unsupported_algorithm_as_invalid(run: Path) -> None:
+    manifest = manifest_of(run / "step_1")
+    (run / "step_1" / MANIFEST_FILENAME).write_text(json.dumps({**manifest, "algorithm": "md5"}))
+    proc = cli("status", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr  # exit 0 whatever the verdicts
+    found = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert len(found) == 5 and found["step_1"]["verdict"] == "invalid" and found["step_1"]["sealed"]
+    human = cli("status", str(run))
+    rows = {line.split()[0]: " ".join(line.split()[6:]) for line in human.stdout.splitlines()}
+    assert human.returncode == 0 and rows["step_1"].startswith("invalid: unsupported hash algorithm 'md5'")
+
+
 def test_status_of_a_missing_root_is_a_storage_error(tmp_path: Path) -> None:
     proc = cli("status", str(tmp_path / "typo"), "--json")
     assert proc.returncode == 4
