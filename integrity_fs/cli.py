@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from . import __version__, checkpoints, demo, formats, signing, transfer
+from . import __version__, checkpoints, demo, formats, signing, storage, transfer
 from .cli_args import (
     add_common_options,
     build_storage_options,
@@ -130,6 +130,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             callback=run.callback,
         )
     print_status(args.root, found, as_json=args.json)
+    if not any(checkpoint.sealed for checkpoint in found) and (note := root_is_a_checkpoint(args)):
+        print(f"{PROG}: note: {note}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -143,9 +145,40 @@ def cmd_latest(args: argparse.Namespace) -> int:
         public_key=public_key_of(args.public_key),
     )
     if found is None:
-        raise NoneVerifiedError(f"no checkpoint under {args.root} verifies")
+        raise none_verified(args)
     print(found[0])
     return EXIT_OK
+
+
+def none_verified(args: argparse.Namespace) -> NoneVerifiedError:
+    """``latest`` found nothing: say why when the WARNING lines do not (ROOT holds no checkpoint
+    directory, or is itself a checkpoint rather than the run's directory that holds them)."""
+    message = f"no checkpoint under {args.root} verifies"
+    try:
+        fs, root = storage.resolve(args.root, options_of(args))
+        if checkpoints.checkpoint_names(fs, root):
+            return NoneVerifiedError(message, root_is_a_checkpoint(args))
+    except OSError:  # no ROOT (a WARNING said so), or a listing that failed this time
+        return NoneVerifiedError(message)
+    hint = root_is_a_checkpoint(args) or (
+        "ROOT is a run's directory, holding one directory per checkpoint (step_1000, ...); "
+        "names starting with '.' or '_' are not checkpoints"
+    )
+    return NoneVerifiedError(f"{message}: it holds no checkpoint directory", hint)
+
+
+def root_is_a_checkpoint(args: argparse.Namespace) -> str | None:
+    """A hint when ROOT holds a manifest: a checkpoint given where its run's directory belongs."""
+    try:
+        fs, root = storage.resolve(args.root, options_of(args))
+        if not storage.exists(fs, storage.join(root, MANIFEST_FILENAME)):
+            return None
+    except OSError:
+        return None
+    return (
+        f"{args.root} is itself a sealed checkpoint: ROOT is the run's directory that holds the checkpoints; "
+        f"`{PROG} verify {args.root}` checks this one"
+    )
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -45,7 +45,12 @@ class KeyFileError(ValueError):
 
 
 class NoneVerifiedError(Exception):
-    """``latest`` found no checkpoint that verifies; exit code 1."""
+    """``latest`` found no checkpoint that verifies; exit code 1. ``hint``: what to do, when the
+    usual one (the WARNING lines say why each was skipped) does not fit."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -89,7 +94,7 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             "check --public-key, and sign only content you trust"
         )
     if isinstance(error, NoneVerifiedError):
-        return str(error), "the WARNING lines above say why each checkpoint was skipped"
+        return str(error), error.hint or "the WARNING lines above say why each checkpoint was skipped"
     if isinstance(error, KeyFileError):
         return (
             str(error),

@@ -877,6 +877,26 @@ def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
     assert "(invalid manifest)" in none.stderr
 
 
+def test_status_and_latest_given_a_checkpoint_instead_of_its_run_say_so(sealed: Path) -> None:
+    """ROOT is the run's directory; a checkpoint given by mistake (its sub/ is no checkpoint) gets a hint."""
+    none = cli("latest", str(sealed))
+    assert none.returncode == 1 and none.stdout == ""
+    what, hint = none.stderr.splitlines()[-2:]  # after the WARNING line of sub/ (unsealed)
+    assert what == f"integrity-fs: error: no checkpoint under {sealed} verifies"
+    assert f"{sealed} is itself a sealed checkpoint" in hint and f"integrity-fs verify {sealed}" in hint
+    status = cli("status", str(sealed), "--json")
+    assert status.returncode == 0 and [c["name"] for c in json.loads(status.stdout)] == ["sub"]
+    assert f"{sealed} is itself a sealed checkpoint" in status.stderr
+
+    empty = sealed.parent / "empty"
+    empty.mkdir()
+    nothing = cli("latest", str(empty))
+    assert nothing.returncode == 1 and nothing.stdout == "" and "WARNING" not in nothing.stderr  # none skipped
+    what, hint = stderr_pair(nothing)
+    assert what == f"integrity-fs: error: no checkpoint under {empty} verifies: it holds no checkpoint directory"
+    assert "WARNING" not in hint and "one directory per checkpoint" in hint
+
+
 # --------------------------------------------------------------------------- signing, algorithms (issue 16)
 
 
