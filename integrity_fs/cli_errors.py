@@ -142,9 +142,10 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             return what, "the disk is full: free space on the destination, or choose another one"
         local = _is_local(error, args)
         if isinstance(error, (FileNotFoundError, NotADirectoryError)):
+            wanted = "a run's directory, holding its checkpoints" if command in ("status", "latest") else None
             if local:
-                return what, "check the path: it must name an existing checkpoint directory"
-            return what, "check the bucket and prefix in the URL: it must name a checkpoint directory"
+                return what, f"check the path: it must name an existing {wanted or 'checkpoint directory'}"
+            return what, f"check the bucket and prefix in the URL: it must name {wanted or 'a checkpoint directory'}"
         if local:
             return what, "check the path and its permissions; --debug shows the full error"
         return (

@@ -834,6 +834,11 @@ def test_status_of_a_missing_root_is_a_storage_error(tmp_path: Path) -> None:
     assert proc.returncode == 4
     assert json.loads(proc.stdout)["url"] == str(tmp_path / "typo")
     assert str(tmp_path / "typo") in stderr_pair(proc)[0] and "check the path" in stderr_pair(proc)[1]
+    assert "run's directory" in stderr_pair(proc)[1]  # ROOT holds checkpoints; it is not one
+    (tmp_path / "file").write_bytes(b"x")
+    for command in ("status", "latest"):
+        on_a_file = cli(command, str(tmp_path / "file"))
+        assert on_a_file.returncode == 4 and "run's directory" in stderr_pair(on_a_file)[1]
     (tmp_path / "empty").mkdir()
     empty = cli("status", str(tmp_path / "empty"), "--json")
     assert empty.returncode == 0 and json.loads(empty.stdout) == []
