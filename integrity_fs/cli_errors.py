@@ -105,7 +105,14 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         where = error.location or "the checkpoint"
         what = f"{where} failed verification: {name_problems(error.report.problems)}"
         if all(p.kind == "extra" for p in error.report.problems):
-            return what, "the named files are not in the manifest: remove them, or run without --strict to allow them"
+            if getattr(args, "strict", False):
+                return what, (
+                    "the named files are not in the manifest: remove them, or run without --strict to allow them"
+                )
+            return what, (
+                "the manifest lists no files, so it vouches only for an empty directory: "
+                "seal the checkpoint again, once you trust its content"
+            )
         if command == "sign":
             return what, "nothing was signed: restore the named files from a good copy, then sign again"
         return what, "do not load it; restore the named files from a good copy, and re-seal only content you trust"

@@ -155,7 +155,8 @@ def print_verify_report(
         print(f"verified {args.url}: {work}{how}")
     else:
         print_failure(args.url, report, how)
-    if report.extra and not args.strict and not isinstance(error, SignatureError):
+    extra_failed = any(p.kind == "extra" for p in report.problems)  # --strict, or a manifest that lists no files
+    if report.extra and not extra_failed and not isinstance(error, SignatureError):
         print(extra_note(report.extra, "not checked; --strict rejects such files"))
 
 

@@ -303,6 +303,15 @@ def test_strict_rejects_extra_files(sealed: Path) -> None:
     assert "extra.bin" in error_lines(strict)[0]
 
 
+def test_a_manifest_listing_no_files_fails_its_files_without_blaming_strict(ckpt: Path) -> None:
+    (ckpt / MANIFEST_FILENAME).write_text('{"algorithm": "sha256", "files": {}, "granularity": "file", "version": 1}')
+    proc = cli("verify", str(ckpt))
+    assert proc.returncode == 1  # it vouches for nothing: every file is a problem, --strict or not
+    assert "--strict" not in proc.stdout and "were not checked" not in proc.stdout
+    what, hint = stderr_pair(proc)
+    assert "model.bin (extra)" in what and "--strict" not in hint and "lists no files" in hint
+
+
 def test_show_summarises_the_manifest(sealed: Path) -> None:
     proc = cli("show", str(sealed))
     assert proc.returncode == 0
