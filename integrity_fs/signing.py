@@ -338,6 +338,11 @@ _SHARD_ALGORITHM = re.compile(r"sha256-sharded-([0-9]{1,20})(?:\.0)?")
 _SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>[0-9]{1,20}):(?P<end>[0-9]{1,20})", re.DOTALL)
 
 
+def _is_shard(start: int, end: int, size: int, shard_size: int) -> bool:
+    """Whether ``start:end`` is one of the fixed-size shards of a file of ``size`` bytes."""
+    return start % shard_size == 0 and start < size and end == min(size, start + shard_size)
+
+
 def _resource_path(name: object, algorithm: object, shard_size: int | None) -> str:
     """The file a resource is of (its name, or a shard's path), checked as a manifest name."""
     if shard_size is None:
@@ -392,13 +397,17 @@ def signed_manifest(signed: Signed) -> Manifest:
     for path, shards in by_file.items():
         shards.sort()
         size = shards[-1][1]
-        want = [chunk_range(size, signed.shard_size, i) for i in range(chunk_count(size, signed.shard_size))]
+        # Compared shard by shard, never by building the list of every shard the size calls for:
+        # a statement's offsets (up to 20 digits) would make that list as long as a file has bytes.
+        shard_size = signed.shard_size
+        count = chunk_count(size, shard_size)
         got = [(start, end) for start, end, _ in shards]
-        if got != want:
-            odd = [f"unexpected {path}:{a}:{b}" for a, b in got if (a, b) not in want]
-            unexpected = odd[0] if odd else f"{len(want) - len(got)} of its {len(want)} shards missing"
+        if len(got) != count or any(chunk_range(size, shard_size, i) != r for i, r in enumerate(got)):
+            odd = next((f"unexpected {path}:{a}:{b}" for a, b in got if not _is_shard(a, b, size, shard_size)), "")
+            twice = "a shard listed twice" if len(set(got)) < len(got) else ""
+            unexpected = odd or twice or f"{count - len(got)} of its {count} shards missing"
             raise ManifestError(
-                f"shards of {path!r} are not consecutive shards of {signed.shard_size} bytes from 0 "
+                f"shards of {path!r} are not consecutive shards of {shard_size} bytes from 0 "
                 f"({unexpected}); only a fixed shard size is supported"
             )
         size_of[path] = size

@@ -154,6 +154,22 @@ def test_model_signing_shards_of_varying_size_are_refused(tmp_path: Path, ec_key
         formats.load(json.dumps(bundle).encode())
 
 
+@pytest.mark.timeout(2)
+def test_model_signing_shard_offsets_of_a_huge_file_are_refused_at_once(tmp_path: Path, ec_key: Path) -> None:
+    """A bundle is untrusted input here: a shard ending at byte 10**20 - 1 must not make the reader
+    count out the 10**17 shards such a file would have."""
+    root = _tree(tmp_path / "model")
+    bundle = json.loads(
+        _model_sign(root, ec_key, tmp_path / "m.sig", method="use_shard_serialization", shard_size=SHARD)
+    )
+    statement = _statement(json.dumps(bundle).encode())
+    a_shard = next(r for r in statement["predicate"]["resources"] if r["name"].startswith("a.bin:"))
+    a_shard["name"] = f"a.bin:0:{'9' * 20}"  # the root digest covers digests, not names: still consistent
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    with pytest.raises(ManifestError, match=f"unexpected a.bin:0:{'9' * 20}"):
+        formats.load(json.dumps(bundle).encode())
+
+
 # --- sha256sum ---------------------------------------------------------------------------------
 
 
