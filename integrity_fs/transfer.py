@@ -184,6 +184,7 @@ def upload(
         digests = _unit_digests(granularity, chunk_size, copied)
         manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
         raw = manifest.to_json()
+    _make_local_root(dst)
     if key is None:
         _copy_signature(source, dst)
         storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
@@ -220,6 +221,7 @@ def copy(
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
     _prepare_destination(target, overwrite)
     report = _verified_copy(source, target, manifest, plan, max_workers, callback)
+    _make_local_root(target)
     _copy_signature(source, target)
     storage.write_atomic(target.fs, target.path(MANIFEST_FILENAME), raw)
     return report
@@ -368,6 +370,12 @@ def _prepare_destination(dst: _Side, overwrite: bool) -> None:
         raise FileExistsError(f"{dst.location} already holds a sealed checkpoint ({MANIFEST_FILENAME})")
     storage.remove_file(dst.fs, path)
     storage.remove_file(dst.fs, dst.path(signing.SIGNATURE_FILENAME))  # it signed the old content
+
+
+def _make_local_root(dst: _Side) -> None:
+    """Create a local destination root that no file created (a checkpoint of no files), for the manifest."""
+    if storage.is_local(dst.fs):
+        storage.makedirs(dst.fs, dst.root)
 
 
 def _copy_signature(src: _Side, dst: _Side) -> None:

@@ -154,6 +154,21 @@ def test_copy_local_to_local(src: Path, tmp_path: Path) -> None:
     assert tree(tmp_path / "copy") == {k: v for k, v in tree(src).items() if k != "scratch.txt"}
 
 
+def test_a_checkpoint_of_no_files_copies_and_uploads_to_a_new_local_directory(tmp_path: Path) -> None:
+    """No file write creates the destination directory: the manifest's write must (it is intact)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    manifest = ifs.upload(empty, tmp_path / "up" / "step_0")  # unsealed: sealed on the way
+    assert manifest.files == {}
+    assert os.listdir(tmp_path / "up" / "step_0") == [MANIFEST_FILENAME]
+    report = ifs.copy(tmp_path / "up" / "step_0", tmp_path / "copy" / "step_0")  # sealed
+    assert report.ok and report.files_checked == 0
+    assert tree(tmp_path / "copy" / "step_0") == tree(tmp_path / "up" / "step_0")
+    ifs.seal(empty)
+    ifs.upload(empty, tmp_path / "sealed_up")
+    ifs.verify(tmp_path / "sealed_up", strict=True)
+
+
 # --------------------------------------------------------------------------- damage on the way
 
 
