@@ -839,7 +839,7 @@ class SealingWriter:
             self._upload = _s3.ChecksummedUpload(fs, path)
         else:
             if is_local(fs):
-                fs.makedirs(fs._parent(path), exist_ok=True)
+                make_local_parent(path)
             self._stream = fs.open(path, "wb")
 
     @staticmethod
@@ -903,6 +903,16 @@ class SealingWriter:
         if self._stream is not None:
             _discard(self._fs, self.path, self._stream)
             self._stream = None
+
+
+def make_local_parent(path: str) -> None:
+    """Create the directories above ``path``; one that is a file is a ``NotADirectoryError`` (raised
+    at once, an I/O error), never the ``FileExistsError`` of a refused destination."""
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except FileExistsError as exc:
+        raise NotADirectoryError(f"cannot write {path}: {parent} is a file, not a directory") from exc
 
 
 def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any) -> None:

@@ -375,7 +375,7 @@ def _prepare_destination(dst: _Side, overwrite: bool) -> None:
 def _make_local_root(dst: _Side) -> None:
     """Create a local destination root that no file created (a checkpoint of no files), for the manifest."""
     if storage.is_local(dst.fs):
-        storage.makedirs(dst.fs, dst.root)
+        storage.make_local_parent(dst.path(MANIFEST_FILENAME))
 
 
 def _copy_signature(src: _Side, dst: _Side) -> None:

@@ -16,6 +16,7 @@ from fsspec.callbacks import Callback
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError
+from integrity_fs.cli import main
 from integrity_fs.transfer import STAGING_MARK
 
 FILES = {
@@ -300,6 +301,28 @@ def test_strict_download_fails_on_files_the_manifest_does_not_list(
     assert not (tmp_path / "strict").exists()
     report = ifs.download(s3_backend.url, tmp_path / "lax", storage_options=s3_backend.storage_options)
     assert report.extra == ("stray.bin",) and not (tmp_path / "lax" / "stray.bin").exists()
+
+
+def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(
+    src: Path, s3_backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force")."""
+    s3_backend.write("a", b"an object, the larger: written first")
+    s3_backend.write("a/b", b"one under its name")  # intact on S3, impossible on a local disk
+    ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
+    with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
+        ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, max_workers=1)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+    ifs.seal(src)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "sub").write_bytes(b"in the way of sub/meta.json")
+    capsys.readouterr()
+    assert main(["copy", str(src), str(dst)]) == 4
+    err = capsys.readouterr().err
+    assert "is a file, not a directory" in err and "--force" not in err and "failed 3 times" not in err
+    assert not (dst / MANIFEST_FILENAME).exists()
 
 
 def test_download_dest_must_be_local(src: Path, s3_backend: Backend) -> None:
