@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -304,7 +306,7 @@ def test_strict_download_fails_on_files_the_manifest_does_not_list(
 
 
 def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(
-    src: Path, s3_backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    src: Path, s3_backend: Backend, tmp_path: Path
 ) -> None:
     """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force")."""
     s3_backend.write("a", b"an object, the larger: written first")
@@ -318,9 +320,10 @@ def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_ref
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "sub").write_bytes(b"in the way of sub/meta.json")
-    capsys.readouterr()
-    assert main(["copy", str(src), str(dst)]) == 4
-    err = capsys.readouterr().err
+    err_stream = io.StringIO()  # not capsys: main() leaves its log handler on this stream
+    with contextlib.redirect_stderr(err_stream), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["copy", str(src), str(dst)]) == 4
+    err = err_stream.getvalue()
     assert "is a file, not a directory" in err and "--force" not in err and "failed 3 times" not in err
     assert not (dst / MANIFEST_FILENAME).exists()
 
