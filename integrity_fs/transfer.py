@@ -86,7 +86,8 @@ def download(
 ) -> Report:
     """Copy the sealed checkpoint at ``url`` into the local directory ``dest``, verifying as it streams.
 
-    Files go to a staging directory beside ``dest`` that becomes ``dest`` (one rename) only when
+    Files go to a staging directory beside a new ``dest`` (inside an empty one: a mount point stays
+    one) that becomes ``dest`` (one rename; its entries moved up, the manifest last) only when
     every file matched and the manifest is written; on any failure it is deleted, so ``dest``
     holds the whole verified checkpoint or is as it was (absent, or the empty directory it was).
     Files the manifest does not list are not copied (``strict=True``: they fail it). Raises as
@@ -95,16 +96,23 @@ def download(
     ``dest`` left behind are removed first.
     """
     target = _local_path(dest, "dest")
+    parent, name = os.path.split(target)
+    if os.path.isdir(target) and not os.path.islink(target):
+        _remove_stale_staging(target, name)  # left inside this empty directory by a killed download
     _check_dest(target)
     src = _Side(*storage.resolve(url, storage_options, fs))
     raw, manifest = _load_manifest(src)
     plan = core.plan_verification(manifest, storage.list_files(src.fs, src.root), strict=strict)
     if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), src.location)
-    parent, name = os.path.split(target)
-    created = _makedirs(parent)
-    _remove_stale_staging(parent, name)
-    staging = os.path.join(parent, f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}")
+    # An empty directory (a mount point, perhaps, or in a parent we may not write) is kept: the
+    # files are staged inside it, on its filesystem, and moved up. A new dest is one rename.
+    into = os.path.isdir(target)
+    created = [] if into else _makedirs(parent)
+    if not into:
+        _remove_stale_staging(parent, name)
+    where = target if into else parent
+    staging = os.path.join(where, f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}")
     try:
         os.mkdir(staging)  # not mkdtemp: dest gets the usual permissions once renamed
         dst = _Side(storage.local_filesystem(), staging)
@@ -112,7 +120,10 @@ def download(
         _copy_signature(src, dst)
         with open(os.path.join(staging, MANIFEST_FILENAME), "wb") as f:
             f.write(raw)
-        os.rename(staging, target)  # replaces an empty directory in one step
+        if into:
+            _move_up(staging, target)
+        else:
+            os.rename(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         for directory in reversed(created):
@@ -416,6 +427,23 @@ def _makedirs(directory: str) -> list[str]:
             os.mkdir(path)
             created.append(path)
     return created
+
+
+def _move_up(staging: str, target: str) -> None:
+    """Move every entry of ``staging`` into ``target`` (its parent), the manifest last, then remove
+    ``staging``; on a failure the entries moved go back, so ``target`` is left as it was."""
+    names = sorted(os.listdir(staging), key=lambda n: n == MANIFEST_FILENAME)
+    moved: list[str] = []
+    try:
+        for entry in names:
+            os.rename(os.path.join(staging, entry), os.path.join(target, entry))
+            moved.append(entry)
+        os.rmdir(staging)
+    except BaseException:
+        for entry in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.rename(os.path.join(target, entry), os.path.join(staging, entry))
+        raise
 
 
 def _host() -> str:

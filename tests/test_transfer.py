@@ -279,6 +279,29 @@ def test_download_into_an_empty_dir_fills_it_or_leaves_it_empty(src: Path, tmp_p
     assert tree(dest) == tree(src)
 
 
+def test_download_into_an_empty_dir_keeps_that_dir_and_writes_nothing_beside_it(src: Path, tmp_path: Path) -> None:
+    """An empty DEST may be a mount point (a rename onto it is EBUSY, and staging beside it fills
+    another disk) or sit in a parent we cannot write: the files are staged inside it."""
+    ifs.seal(src)
+    dest = tmp_path / "mnt"
+    dest.mkdir()
+    before = os.stat(dest)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = dest / f".mnt{STAGING_MARK}{int(dead.stdout)}-0123456789ab-{socket.gethostname()}"
+    (stale / "sub").mkdir(parents=True)  # a download into this directory that was killed
+    beside: list[list[str]] = []
+
+    class Watch(Recorder):
+        def relative_update(self, inc: int = 1) -> None:
+            beside.append(sorted(os.listdir(tmp_path)))
+
+    ifs.download(src, dest, callback=Watch())
+    assert beside and all(names == ["mnt", "src"] for names in beside)
+    after = os.stat(dest)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)  # the same directory, filled
+    assert tree(dest) == tree(src) and not stale.exists()
+
+
 def test_stale_staging_of_a_killed_download_is_removed_by_the_next(src: Path, tmp_path: Path) -> None:
     ifs.seal(src)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
