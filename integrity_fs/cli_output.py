@@ -19,7 +19,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from .checkpoints import CheckpointStatus
 from .errors import IntegrityError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest
-from .report import Report
+from .report import Report, printable
 from .signing import SIGNATURE_FILENAME
 from .text import describe_problem, extra_note, format_bytes, format_work, name_problems
 
@@ -186,13 +186,14 @@ def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool)
         return
     if not found:
         print(f"no checkpoints under {root}", file=sys.stderr)
-    width = max((len(checkpoint.name) for checkpoint in found), default=0)
+    names = [printable(checkpoint.name) for checkpoint in found]
+    width = max(map(len, names), default=0)
     digits = max((len(str(checkpoint.files)) for checkpoint in found), default=0)
-    for checkpoint in found:
+    for name, checkpoint in zip(names, found, strict=True):
         noun = "file" if checkpoint.files == 1 else "files"
         sealed = "sealed" if checkpoint.sealed else "unsealed"
         print(
-            f"{checkpoint.name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
+            f"{name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
             f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint)}"
         )
 
@@ -241,4 +242,4 @@ def print_manifest(url: str, manifest: Manifest, *, as_json: bool) -> None:
     if largest:
         print("largest files:")
         for name, size in largest:
-            print(f"  {format_bytes(size):>10}  {name}")
+            print(f"  {format_bytes(size):>10}  {printable(name)}")

@@ -14,6 +14,15 @@ ProblemKind = Literal["mismatch", "missing", "size", "extra"]
 SIGNATURE_FILENAME = "model.sig"
 
 
+def printable(name: str) -> str:
+    """``name`` as one line of text: control and other non-printable characters escaped (``\\n``,
+    ``\\x1b``), so that a file or directory name cannot add lines (a fake "verified") or escape
+    sequences to what people read. Names in ``--json`` and in :class:`Problem` stay as they are."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in name)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One way the checkpoint differs from its manifest.
@@ -30,16 +39,17 @@ class Problem:
     byte_ranges: tuple[tuple[int, int], ...] = ()
 
     def __str__(self) -> str:
+        path = printable(self.path)
         if self.kind == "missing":
-            return f"{self.path}: missing"
+            return f"{path}: missing"
         if self.kind == "extra":
-            return f"{self.path}: extra (not in the manifest)"
+            return f"{path}: extra (not in the manifest)"
         if self.kind == "size":
-            return f"{self.path}: size (expected {self.expected} bytes, found {self.actual})"
+            return f"{path}: size (expected {self.expected} bytes, found {self.actual})"
         where = ""
         if self.byte_ranges:
             where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in self.byte_ranges)
-        return f"{self.path}: mismatch{where} (expected {self.expected}, found {self.actual})"
+        return f"{path}: mismatch{where} (expected {self.expected}, found {self.actual})"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .report import Problem
+from .report import Problem, printable
 
 _PREFIXES = "KMGTP"
 _SIZE = re.compile(r"(\d+)\s*(?:([KMGTP])(I)?)?(B)?", re.IGNORECASE)
@@ -69,18 +69,18 @@ def describe_problem(problem: Problem) -> str:
     if problem.byte_ranges:
         where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in problem.byte_ranges)
     expected, actual = short_digest(problem.expected), short_digest(problem.actual)
-    return f"{problem.path}: mismatch{where} (expected {expected}, found {actual})"
+    return f"{printable(problem.path)}: mismatch{where} (expected {expected}, found {actual})"
 
 
 def name_problems(problems: Sequence[Problem], limit: int = 5) -> str:
     """``a.bin (mismatch), b.bin (missing) and 3 more``: short enough for one error line."""
-    named = ", ".join(f"{p.path} ({p.kind})" for p in problems[:limit])
+    named = ", ".join(f"{printable(p.path)} ({p.kind})" for p in problems[:limit])
     return named + (f" and {len(problems) - limit} more" if len(problems) > limit else "")
 
 
 def extra_note(extra: Sequence[str], action: str, limit: int = 5) -> str:
     """``note: 1 file is not in the manifest and was not checked: x.bin`` (``action`` is past tense)."""
-    shown = ", ".join(extra[:limit]) + (f" and {len(extra) - limit} more" if len(extra) > limit else "")
+    shown = ", ".join(map(printable, extra[:limit])) + (f" and {len(extra) - limit} more" if len(extra) > limit else "")
     if len(extra) == 1:
         return f"note: 1 file is not in the manifest and was {action}: {shown}"
     return f"note: {len(extra)} files are not in the manifest and were {action}: {shown}"

@@ -1030,3 +1030,28 @@ def test_seal_with_blake3_missing_says_what_to_install(ckpt: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert "pip install 'integrity-fs[blake3]'" in stderr_pair(proc)[1]
     assert not (ckpt / MANIFEST_FILENAME).exists()
+
+
+def test_no_file_or_checkpoint_name_can_add_lines_to_the_output(tmp_path: Path) -> None:
+    """Names are data: a newline or an escape sequence in one is shown escaped, so that a crafted
+    name cannot print a fake "verified" line or a fake status row (or recolour the terminal)."""
+    fake = "x\nverified ckpt: 3 files, 1.0 KiB in 0.01 s\x1b[0m"
+    ckpt = tmp_path / "run" / "step_1"
+    ckpt.mkdir(parents=True)
+    (ckpt / fake).write_bytes(b"a" * 100)
+    (ckpt / "b.bin").write_bytes(b"b" * 100)
+    assert cli("seal", str(ckpt)).returncode == 0
+    (ckpt / fake).write_bytes(b"c" * 100)
+    (ckpt / f"extra{fake}").write_bytes(b"d")
+
+    verify = cli("verify", str(ckpt))
+    assert verify.returncode == 1
+    assert not any(line.startswith("verified") for line in verify.stdout.splitlines()), verify.stdout
+    assert "\x1b" not in verify.stdout + verify.stderr
+    assert "x\\nverified ckpt" in verify.stdout and "x\\nverified ckpt" in verify.stderr
+
+    (tmp_path / "run" / "step_2\nstep_0  sealed    2 files  200 B  ok").mkdir()
+    status = cli("status", str(tmp_path / "run"))
+    assert status.returncode == 0, status.stderr
+    assert len(status.stdout.splitlines()) == 2, status.stdout
+    assert "step_2\\nstep_0" in status.stdout
