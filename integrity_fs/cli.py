@@ -10,10 +10,11 @@ A command is one entry in :data:`COMMANDS`: its help, its arguments (:mod:`.cli_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -434,18 +435,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_LOG_HANDLER = logging.StreamHandler()
-_LOG_HANDLER.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
-
-
-def configure_logging(*, debug: bool) -> None:
-    """integrity_fs's own warnings (a skipped symlink, a retried read) on stderr; all of them with ``--debug``."""
-    _LOG_HANDLER.setStream(sys.stderr)  # the stderr of this call, also when main() runs in-process
+@contextlib.contextmanager
+def cli_logging(*, debug: bool) -> Iterator[None]:
+    """integrity_fs's own warnings (a skipped symlink, a retried read) on this call's stderr; all
+    of them with ``--debug``. Only for the call: a program that runs ``main()`` in-process gets its
+    logging back as it was (its handlers see integrity_fs's records again)."""
     logger = logging.getLogger("integrity_fs")
-    if _LOG_HANDLER not in logger.handlers:
-        logger.addHandler(_LOG_HANDLER)
-        logger.propagate = False
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    before = logger.propagate, logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
     logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate, logger.level = before
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -455,9 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except UsageError as error:
         return report_error(error, None, as_json="--json" in argv, debug=False)
-    configure_logging(debug=args.debug)
     try:
-        code: int = args.run(args)
+        with cli_logging(debug=args.debug):
+            code: int = args.run(args)
         return code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 import re
@@ -1055,3 +1056,18 @@ def test_no_file_or_checkpoint_name_can_add_lines_to_the_output(tmp_path: Path) 
     assert status.returncode == 0, status.stderr
     assert len(status.stdout.splitlines()) == 2, status.stdout
     assert "step_2\\nstep_0" in status.stdout
+
+
+def test_main_in_process_leaves_the_callers_logging_as_it_was(sealed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A program that calls main() keeps its own logging: integrity_fs's records propagate to it
+    afterwards, and no handler is left on a stream that main() was given (closed since)."""
+    logger = logging.getLogger("integrity_fs")
+    stream = io.StringIO()
+    with contextlib.redirect_stderr(stream), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["verify", str(sealed)]) == 0
+    stream.close()
+    assert logger.propagate and logger.level == logging.NOTSET
+    assert not [h for h in logger.handlers if getattr(h, "stream", None) is stream]
+    with caplog.at_level(logging.WARNING, logger="integrity_fs"):
+        logging.getLogger("integrity_fs.core").warning("after main()")
+    assert "after main()" in caplog.text
