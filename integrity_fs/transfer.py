@@ -92,8 +92,8 @@ def download(
     holds the whole verified checkpoint or is as it was (absent, or the empty directory it was).
     Files the manifest does not list are not copied (``strict=True``: they fail it). Raises as
     :func:`~integrity_fs.verify`, and ``FileExistsError`` when ``dest`` exists and is not an empty
-    directory (or is a symbolic link). Staging directories that a killed download to the same
-    ``dest`` left behind are removed first.
+    directory (or is a symbolic link), ``ValueError`` when ``dest`` is inside a local ``url``.
+    Staging directories that a killed download to the same ``dest`` left behind are removed first.
     """
     target = _local_path(dest, "dest")
     parent, name = os.path.split(target)
@@ -101,6 +101,8 @@ def download(
         _remove_stale_staging(target, name)  # left inside this empty directory by a killed download
     _check_dest(target)
     src = _Side(*storage.resolve(url, storage_options, fs))
+    if storage.is_local(src.fs) and _overlaps(src.root, target):
+        raise ValueError(f"url {src.location} and dest {target} overlap; download to a location outside url")
     raw, manifest = _load_manifest(src)
     plan = core.plan_verification(manifest, storage.list_files(src.fs, src.root), strict=strict)
     if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything

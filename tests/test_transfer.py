@@ -428,3 +428,15 @@ def test_signed_upload_verifies_with_the_public_key(src: Path, s3_backend: Backe
     assert ifs.verify(s3_backend.url, storage_options=options, public_key=str(ours[1])).ok
     with pytest.raises(ifs.SignatureError):
         ifs.verify(s3_backend.url, storage_options=options, public_key=str(theirs[1]))
+
+
+@pytest.mark.parametrize("how", ["download", "copy", "upload"])
+def test_a_destination_inside_the_local_source_is_refused_and_the_source_left_alone(src: Path, how: str) -> None:
+    if how != "upload":
+        ifs.seal(src)
+    before = tree(src)
+    inside = src / "sub" / "copy"
+    with pytest.raises(ValueError, match="overlap"):
+        getattr(ifs, how)(src, inside)
+    assert tree(src) == before
+    assert sorted(p.name for p in src.rglob("*") if p.is_dir()) == ["sub"]
