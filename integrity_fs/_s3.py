@@ -53,6 +53,30 @@ def part_layout(granularity: str, chunk_size: int | None, size: int) -> int | No
     return chunk_size
 
 
+_VERSION_MARK = "?versionId="
+
+
+def bucket_and_key(fs: fsspec.AbstractFileSystem, path: str) -> tuple[str, str]:
+    """The bucket and key of ``path``, the key exactly as listed.
+
+    s3fs's ``split_path`` cuts a key at ``?versionId=`` (version_aware or not), so a file named
+    ``w?versionId=1`` would be read as ``w``: another object. S3 keys may hold that text; our
+    paths never carry a version id.
+    """
+    head, mark, tail = path.partition(_VERSION_MARK)
+    fs_: Any = fs
+    bucket, key, _ = fs_.split_path(head)
+    return bucket, key + mark + tail
+
+
+async def head_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    """The size of the object at ``path`` as S3 says now (one HEAD, no cache)."""
+    bucket, key = bucket_and_key(fs, path)
+    fs_: Any = fs
+    out = await fs_._call_s3("head_object", Bucket=bucket, Key=key)
+    return int(out["ContentLength"])
+
+
 def _b64(hexdigest: str) -> str:
     return base64.b64encode(bytes.fromhex(hexdigest)).decode("ascii")
 
@@ -66,7 +90,7 @@ class ChecksummedUpload:
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str) -> None:
         self._fs: Any = fs
-        self._bucket, self._key, _ = fs.split_path(path)
+        self._bucket, self._key = bucket_and_key(fs, path)
         self._path = path
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
@@ -151,7 +175,7 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
     paths = list(paths)
 
     async def one(path: str) -> StoreChecksum | None:
-        bucket, key, _ = fs_.split_path(path)
+        bucket, key = bucket_and_key(fs_, path)
         try:
             out = await fs_._call_s3(
                 "get_object_attributes",
@@ -172,20 +196,29 @@ class RangeStream:
 
     The async-file shape ``storage`` streams from (``read(n)``, ``close()``). ``total_size`` is
     the object's size when the request was answered (from ``Content-Range``), so the end of a
-    file can be confirmed without reading past the range.
+    file can be confirmed without reading past the range. An empty range is no GET: ``open()``
+    asks for the size (a HEAD) and ``read`` gives nothing.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> None:
-        assert end > start >= 0
+        assert end >= start >= 0
         self._fs: Any = fs
         self._path = path
         self._range = f"bytes={start}-{end - 1}"
+        self._empty = end == start
         self.r: Any = None  # the response body, as s3fs's streamed file calls it
         self.total_size: int | None = None
 
+    async def open(self) -> RangeStream:
+        if self._empty:
+            self.total_size = await head_size(self._fs, self._path)
+        return self
+
     async def read(self, n: int = -1) -> bytes:
+        if self._empty:
+            return b""
         if self.r is None:
-            bucket, key, _ = self._fs.split_path(self._path)
+            bucket, key = bucket_and_key(self._fs, self._path)
             out = await self._fs._call_s3("get_object", Bucket=bucket, Key=key, Range=self._range)
             content_range = str(out.get("ContentRange") or "")
             total = content_range.rpartition("/")[2]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import fsspec
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -651,11 +651,11 @@ def _shorter_now(fs: fsspec.AbstractFileSystem, path: str, end: int) -> int | No
 def _fresh_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
     """The size of ``path`` as the store says now, not as a listing cached it."""
     inner = _innermost(fs)
-    if any((cls.__module__ or "").startswith("s3fs") for cls in type(inner).__mro__):
+    if _s3.is_s3(inner):
         while isinstance(fs, DirFileSystem):
             path = fs._join(path)
             fs = fs.fs
-        return int(fs.info(path, refresh=True)["size"])  # a HEAD; the listing cache stays for the others
+        return int(sync(fs.loop, _s3.head_size, fs, path))  # a HEAD; the listing cache stays for the others
     forget_cached(fs, path)
     return int(fs.size(path))
 
@@ -704,10 +704,10 @@ async def _read_block(f: Any, n: int) -> bytes:
 
 async def _open_stream(fs: AsyncFileSystem, path: str, offset: int, length: int) -> Any:
     """A stream of ``length`` bytes of ``path`` from ``offset``: on S3 one ranged GET (reading
-    no further than the range), elsewhere ``open_async`` from the start of the file.
+    no further than the range; a HEAD for an empty file), elsewhere ``open_async`` from the start of the file.
     ``NotImplementedError`` when the backend cannot stream that."""
-    if _s3.is_s3(fs) and length:
-        return _s3.RangeStream(fs, path, offset, offset + length)
+    if _s3.is_s3(fs):
+        return await _s3.RangeStream(fs, path, offset, offset + length).open()
     if offset:
         raise NotImplementedError("only S3 streams from an offset")
     return await fs.open_async(path, "rb")

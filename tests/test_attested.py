@@ -1,11 +1,13 @@
 """Attested verification on S3 (moto server): the store's own SHA-256 confirms files unread."""
 
+import hashlib
 import logging
 import os
 import re
 
 import pytest
 from conftest import Backend
+from fsspec.asyn import sync
 
 import integrity_fs
 from integrity_fs import storage
@@ -146,3 +148,33 @@ def test_full_verify_reads_each_chunk_with_one_ranged_get(
     report = integrity_fs.verify(s3_backend.url, storage_options=s3_backend.storage_options, max_workers=1)
     assert report.bytes_checked == len(data)
     assert _object_gets(server_log.records, s3_backend) == [f"/{s3_backend.root}/big.bin"] * 3
+
+
+def _put(backend: Backend, name: str, data: bytes) -> None:
+    """A PUT of exactly the key ``name`` under the root (s3fs's own paths cut a key at '?versionId=')."""
+    bucket, _, prefix = backend.root.partition("/")
+    sync(backend.fs.loop, backend.fs._call_s3, "put_object", Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
+    backend.fs.invalidate_cache()
+
+
+@pytest.mark.parametrize("attested", [False, True])
+def test_a_key_holding_version_id_text_is_read_as_itself(s3_backend: Backend, attested: bool) -> None:
+    """S3 keys may hold '?versionId='; s3fs's split_path drops it and what follows. Sealing and
+    verifying ``w?versionId=1`` read ``w`` instead: its own bytes were never checked."""
+    _put(s3_backend, "w", b"A" * 100)
+    _put(s3_backend, "w?versionId=1", b"B" * 100)
+    _put(s3_backend, "d?versionId=2/x.bin", b"D" * 10)
+    _put(s3_backend, "e?versionId=3", b"")
+    manifest = integrity_fs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
+    assert manifest.files["w?versionId=1"] == hashlib.sha256(b"B" * 100).hexdigest()
+    assert manifest.files["d?versionId=2/x.bin"] == hashlib.sha256(b"D" * 10).hexdigest()
+    assert manifest.files["e?versionId=3"] == hashlib.sha256(b"").hexdigest()
+    _write(s3_backend, "w?versionId=1", b"B" * 100, granularity="file", chunk_size=None)  # with its SHA-256
+    assert s3_backend.read("w") == b"A" * 100
+    report = integrity_fs.verify(s3_backend.url, storage_options=s3_backend.storage_options, attested=attested)
+    assert report.ok and report.files_attested == (1 if attested else 0)
+
+    _put(s3_backend, "w?versionId=1", b"C" * 100)
+    with pytest.raises(integrity_fs.IntegrityError) as err:
+        integrity_fs.verify(s3_backend.url, storage_options=s3_backend.storage_options, attested=attested)
+    assert [(p.path, p.kind) for p in err.value.report.problems] == [("w?versionId=1", "mismatch")]
