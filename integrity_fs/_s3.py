@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,11 @@ MAX_PART = 5 * 1024 * 1024 * 1024
 MAX_PARTS = 10_000
 #: Checksum requests in flight at once.
 CHECKSUM_REQUESTS = 16
+#: What s3fs makes of a request the store does not offer (NotImplemented, 501); MethodNotAllowed
+#: comes as a PermissionError, as an access denied does.
+_NOT_OFFERED = errno.ENOSYS
+
+log = logging.getLogger("integrity_fs")
 
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
@@ -169,7 +176,9 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
     """What S3 keeps for each path (``None``: no SHA-256 there), ``CHECKSUM_REQUESTS`` at a time.
 
     One GetObjectAttributes request per object; no byte of content is read. An object that is
-    gone has no checksum (``None``); other errors are raised.
+    gone has no checksum (``None``), nor has one whose checksum the store will not give: a role
+    allowed s3:GetObject but not s3:GetObjectAttributes, or a store without that request (its
+    read decides, and raises if it too is refused). Other errors are raised.
     """
     fs_: Any = fs
     paths = list(paths)
@@ -185,9 +194,22 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
             )
         except FileNotFoundError:  # gone since the listing: no checksum; the read reports it missing
             return None
+        except OSError as exc:
+            if not isinstance(exc, PermissionError) and exc.errno != _NOT_OFFERED:
+                raise
+            refused.append(exc)
+            return None
         return _parse(out)
 
+    refused: list[OSError] = []
     results = sync(fs_.loop, _run_coros_in_chunks, [one(p) for p in paths], batch_size=CHECKSUM_REQUESTS)
+    if refused:
+        log.warning(
+            "the store gave no checksum for %d of %d objects (GetObjectAttributes refused: %s); they are read",
+            len(refused),
+            len(paths),
+            refused[0],
+        )
     return dict(zip(paths, results, strict=True))
 
 

@@ -1,5 +1,6 @@
 """Attested verification on S3 (moto server): the store's own SHA-256 confirms files unread."""
 
+import errno
 import hashlib
 import logging
 import os
@@ -178,3 +179,33 @@ def test_a_key_holding_version_id_text_is_read_as_itself(s3_backend: Backend, at
     with pytest.raises(integrity_fs.IntegrityError) as err:
         integrity_fs.verify(s3_backend.url, storage_options=s3_backend.storage_options, attested=attested)
     assert [(p.path, p.kind) for p in err.value.report.problems] == [("w?versionId=1", "mismatch")]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [PermissionError(errno.EACCES, "Access Denied"), OSError(errno.ENOSYS, "NotImplemented")],
+    ids=["access-denied", "not-implemented"],
+)
+def test_a_store_that_refuses_checksum_requests_gets_its_files_read(
+    s3_backend: Backend, monkeypatch: pytest.MonkeyPatch, refusal: OSError
+) -> None:
+    """A role allowed s3:GetObject but not s3:GetObjectAttributes (a common policy), or an S3
+    lookalike without GetObjectAttributes, gives no checksums: the files are read and the read
+    decides, as for any file without a checksum; ``verify --attested`` must not fail for that."""
+    for name, data in FILES.items():
+        _write(s3_backend, name, data, granularity="chunk", chunk_size=CHUNK)
+    integrity_fs.seal(s3_backend.url, storage_options=s3_backend.storage_options, granularity="chunk", chunk_size=CHUNK)
+    call_s3 = s3_backend.fs._call_s3
+
+    async def refuse(method: str, *args: object, **kwargs: object) -> object:
+        if method == "get_object_attributes":
+            raise refusal
+        return await call_s3(method, *args, **kwargs)
+
+    monkeypatch.setattr(s3_backend.fs, "_call_s3", refuse)
+    report = integrity_fs.verify(s3_backend.root, fs=s3_backend.fs, attested=True)
+    assert report.ok and report.files_attested == 0
+    assert report.bytes_checked == sum(map(len, FILES.values()))
+    s3_backend.corrupt("small.bin")
+    with pytest.raises(integrity_fs.IntegrityError):
+        integrity_fs.verify(s3_backend.root, fs=s3_backend.fs, attested=True)
