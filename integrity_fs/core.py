@@ -115,7 +115,8 @@ def seal(
     if not overwrite:
         refuse_if_sealed(fs_, root)
     started = time.perf_counter()
-    sizes = list_for_seal(fs_, root)
+    identities: dict[str, storage.LocalIdentity] = {}
+    sizes = list_for_seal(fs_, root, identities=identities)
     if key is not None:
         signing.check_shard_names(granularity, sizes)
     units = plan_units(granularity, sizes, chunk_size)
@@ -125,6 +126,7 @@ def seal(
         raise FileNotFoundError(f"files vanished while sealing {storage.describe(fs_, root)}: {', '.join(gone)}")
     manifest = build_manifest(algorithm, granularity, chunk_size, sizes, digests)
     del units, digests, sizes  # the manifest holds what is needed: 100k files' worth is ~25 MB less
+    refuse_if_changed(fs_, root, identities)
     signature = None if key is None else signing.sign(manifest, key, model_name(root))
     write_manifest(fs_, root, manifest)
     if signature is not None:
@@ -133,10 +135,13 @@ def seal(
     return manifest
 
 
-def list_for_seal(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
+def list_for_seal(
+    fs: fsspec.AbstractFileSystem, root: str, *, identities: dict[str, storage.LocalIdentity] | None = None
+) -> dict[str, int]:
     """The files to seal (name -> size), after checking that the root is a directory and that
-    the manifest can hold every name; ``ValueError`` naming the files it cannot hold."""
-    sizes = storage.list_files(fs, root)
+    the manifest can hold every name; ``ValueError`` naming the files it cannot hold.
+    ``identities``: as for ``storage.list_files`` (see :func:`refuse_if_changed`)."""
+    sizes = storage.list_files(fs, root, identities=identities)
     if not sizes:  # a root that is a file lists nothing on some stores
         storage.check_root(fs, root)
     bad = [f"{_shown(name)} ({reason})" for name in sizes if (reason := _unholdable(name))]
@@ -146,6 +151,19 @@ def list_for_seal(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
             f"cannot seal {storage.describe(fs, root)}: a manifest cannot hold these file names, rename them: {shown}"
         )
     return sizes
+
+
+def refuse_if_changed(fs: fsspec.AbstractFileSystem, root: str, identities: dict[str, storage.LocalIdentity]) -> None:
+    """``OSError`` naming the local files written to or replaced since they were listed: a file
+    rewritten while it was read (or between its chunks) would be sealed with the digest of bytes
+    that never sat on disk together. Nothing to compare on object stores (``identities`` empty)."""
+    changed = storage.changed_local_files(root, identities) if identities else []
+    if changed:
+        shown = ", ".join(map(_shown, changed[:10])) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
+        raise OSError(
+            f"files changed while sealing {storage.describe(fs, root)} (written to or replaced during the read; "
+            f"seal again once nothing writes to the checkpoint): {shown}"
+        )
 
 
 def _unholdable(name: str) -> str | None:

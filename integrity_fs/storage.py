@@ -221,20 +221,27 @@ def _stamp(info: dict[str, Any]) -> str:
     return next((str(info[key]) for key in _STAMP_KEYS if info.get(key) is not None), "")
 
 
-def list_files(fs: fsspec.AbstractFileSystem, root: str, *, stamps: dict[str, str] | None = None) -> dict[str, int]:
+def list_files(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    *,
+    stamps: dict[str, str] | None = None,
+    identities: dict[str, LocalIdentity] | None = None,
+) -> dict[str, int]:
     """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
 
     The root's manifest and signature are left out. On local disks, symlinks are never followed out of the
     root: a link whose target lies outside is skipped (and logged), and linked directories
     are not descended. ``stamps``, when given, receives each file's version stamp from the same
     listing: its modification time, ETag or generation (whichever the backend lists; ``""``
-    when none), which changes when the file is rewritten.
+    when none), which changes when the file is rewritten. ``identities`` (local disks only;
+    left empty elsewhere) receives each file's :func:`local_identity`, for :func:`changed_local_files`.
     FIFOs, sockets and devices are skipped with a warning. On object stores the listing comes
     from the store, never from a cache, and folder markers (zero-byte keys ending in ``/``) are
     directories, not files.
     """
     if is_local(fs):
-        return _list_local(root, stamps)
+        return _list_local(root, stamps, identities)
     with storage_errors(f"listing {describe(fs, root)}"):
         forget_cached(fs, root)
         found = fs.find(root, detail=True, withdirs=False)
@@ -276,7 +283,37 @@ def forget_cached(fs: fsspec.AbstractFileSystem, root: str) -> None:
             cache.pop(key, None)
 
 
-def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, int]:
+#: What tells a local file's content apart over time without reading it: device, inode, size,
+#: and modification and change times in nanoseconds (ctime moves even when a writer puts mtime back).
+LocalIdentity = tuple[int, int, int, int, int]
+
+
+def local_identity(st: os.stat_result) -> LocalIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def changed_local_files(root: str, identities: dict[str, LocalIdentity]) -> list[str]:
+    """The names of ``identities`` whose file under ``root`` is gone, replaced or written to
+    since it was listed (one ``stat`` each), sorted.
+
+    Timestamps move in clock ticks (a few ms on Linux): a write in the same tick as the
+    listing's ``stat`` may go unseen; any later one is seen.
+    """
+    prefix = root.rstrip("/") + "/"
+    changed = []
+    for name, before in identities.items():
+        try:
+            now: LocalIdentity | None = local_identity(os.stat(prefix + name))
+        except OSError:
+            now = None
+        if now != before:
+            changed.append(name)
+    return sorted(changed)
+
+
+def _list_local(
+    root: str, stamps: dict[str, str] | None = None, identities: dict[str, LocalIdentity] | None = None
+) -> dict[str, int]:
     if not os.path.isdir(root):
         if os.path.exists(root):
             raise NotADirectoryError(f"{root} is a file, not a checkpoint directory")
@@ -319,6 +356,8 @@ def _list_local(root: str, stamps: dict[str, str] | None = None) -> dict[str, in
                 out[name] = st.st_size
                 if stamps is not None:
                     stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
+                if identities is not None:
+                    identities[name] = local_identity(st)
     names = sorted(out)
     return dict(zip(names, map(out.__getitem__, names), strict=True))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import botocore.exceptions
 import pytest
+from fsspec.callbacks import Callback
 from fsspec.implementations.memory import MemoryFileSystem
 
 import integrity_fs as ifs
@@ -179,3 +180,34 @@ def test_manifest_that_is_a_directory_is_invalid(tmp_path):
     (tmp_path / MANIFEST_FILENAME).mkdir()
     with pytest.raises(ifs.ManifestError, match="is a directory"):
         ifs.verify(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("granularity", "chunk_size", "size"),
+    [("file", None, 4 << 20), ("chunk", 64 * 1024, 256 * 1024)],
+    ids=["file-streamed", "chunk-batched"],
+)
+@pytest.mark.parametrize("how", ["in-place", "replaced"])
+def test_a_file_rewritten_while_it_is_sealed_is_never_sealed(tmp_path, granularity, chunk_size, size, how):
+    """A same-size rewrite during the read: the digest would be of bytes that never sat on disk
+    together (the first block old, the rest new). The seal must fail, writing no manifest."""
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"a" * size)
+    new = b"b" * size
+
+    class Rewriter(Callback):
+        def relative_update(self, inc: int = 1) -> None:
+            if self.value == 0 and inc > 0:  # after the first block (or chunk): a writer steps in
+                if how == "in-place":
+                    with open(path, "r+b") as f:
+                        f.write(new)
+                else:
+                    (tmp_path / "w.tmp").write_bytes(new)
+                    os.replace(tmp_path / "w.tmp", path)
+            super().relative_update(inc)
+
+    with pytest.raises(OSError, match=r"changed while sealing.*w\.bin"):
+        ifs.seal(tmp_path, granularity=granularity, chunk_size=chunk_size, max_workers=1, callback=Rewriter())
+    assert not (tmp_path / MANIFEST_FILENAME).exists()
+    ifs.seal(tmp_path, granularity=granularity, chunk_size=chunk_size)  # once nothing writes, it seals
+    assert ifs.verify(tmp_path).ok
