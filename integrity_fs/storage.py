@@ -325,7 +325,13 @@ def _list_local(
     is_regular = stat.S_ISREG
     while todo:
         directory, prefix = todo.pop()
-        with os.scandir(directory) as entries:
+        try:
+            listed = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            if not prefix:
+                raise
+            continue  # a subdirectory removed (or replaced) since its parent was read: not there
+        with listed as entries:
             for entry in entries:
                 link = entry.is_symlink()
                 if link:
@@ -340,16 +346,19 @@ def _list_local(
                 name = prefix + entry.name
                 if not prefix and name in NOT_CONTENT:
                     continue
-                if link:
-                    target = os.path.realpath(entry.path)
-                    if os.path.commonpath([real_root, target]) != real_root:
-                        log.warning("skipping %s: symlink to %s leaves the checkpoint root", name, target)
-                        continue
-                    if not os.path.isfile(target):
-                        continue
-                    st = os.stat(entry.path)
-                else:
-                    st = entry.stat()  # not a link: its lstat, cached by scandir where the OS gives it
+                try:
+                    if link:
+                        target = os.path.realpath(entry.path)
+                        if os.path.commonpath([real_root, target]) != real_root:
+                            log.warning("skipping %s: symlink to %s leaves the checkpoint root", name, target)
+                            continue
+                        if not os.path.isfile(target):
+                            continue
+                        st = os.stat(entry.path)
+                    else:
+                        st = entry.stat()  # not a link: its lstat, cached by scandir where the OS gives it
+                except FileNotFoundError:
+                    continue  # removed since the directory was read: not there (if listed, "missing")
                 if not is_regular(st.st_mode):
                     log.warning("skipping %s: a %s, not a regular file (never opened)", name, _kind(st.st_mode))
                     continue

@@ -49,3 +49,43 @@ def test_dcp_save_writes_a_manifest_others_can_read(tmp_path: Path) -> None:
         os.umask(old)
     mode = stat.S_IMODE(os.stat(tmp_path / "step_1" / integrity_fs.MANIFEST_FILENAME).st_mode)
     assert mode == 0o644
+
+
+def test_entries_that_vanish_while_the_tree_is_listed_are_not_a_storage_error(tmp_path: Path, monkeypatch) -> None:
+    """Another process creating and removing temporary files beside an intact checkpoint: a file or
+    directory removed between the directory read and its stat is simply not there (a listed one
+    would be "missing"), never a raw FileNotFoundError that reads as "no checkpoint"."""
+    root = tmp_path / "ckpt"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "w.bin").write_bytes(b"weights")
+    integrity_fs.seal(root)
+    real_scandir = os.scandir
+
+    class Listed:
+        def __init__(self, path: str) -> None:
+            with real_scandir(path) as entries:
+                self.entries = list(entries)  # read, then the other process removes its files
+
+        def __enter__(self) -> list[os.DirEntry[str]]:
+            for victim in (root / "scratch.tmp", root / "scratch" / "x", root / "scratch", root / "link"):
+                if victim.is_symlink() or victim.is_file():
+                    victim.unlink()
+                elif victim.is_dir():
+                    victim.rmdir()
+            return self.entries
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    for call in (lambda: integrity_fs.verify(root, strict=True), lambda: integrity_fs.seal(root, overwrite=True)):
+        (root / "scratch").mkdir()
+        (root / "scratch" / "x").write_bytes(b"")
+        (root / "scratch.tmp").write_bytes(b"partial")
+        (root / "link").symlink_to(root / "scratch.tmp")
+        monkeypatch.setattr(os, "scandir", Listed)
+        result = call()
+        monkeypatch.setattr(os, "scandir", real_scandir)
+        if isinstance(result, integrity_fs.Manifest):
+            assert list(result.files) == ["sub/w.bin"]
+        else:
+            assert result.ok and result.extra == ()
