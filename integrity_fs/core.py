@@ -82,6 +82,8 @@ def load_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
         ) from exc
     except IsADirectoryError as exc:
         raise ManifestError(f"{path} is a directory, not a manifest") from exc
+    except storage.NotARegularFileError as exc:  # a FIFO, socket or device: never opened for reading
+        raise ManifestError(f"{exc}: not a manifest") from exc
     try:
         return Manifest.from_json(raw)
     except ManifestError as exc:

@@ -182,6 +182,22 @@ def test_manifest_that_is_a_directory_is_invalid(tmp_path):
         ifs.verify(tmp_path)
 
 
+def test_manifest_that_is_a_fifo_is_invalid_not_a_storage_error(tmp_path):
+    """Like a directory there: a checkpoint fault that stays, so latest_verified skips it as
+    invalid rather than stopping on an OSError (an outage); never opened, so nothing blocks."""
+    (tmp_path / "step_2").mkdir()
+    (tmp_path / "step_2" / "a.bin").write_bytes(b"new")
+    os.mkfifo(tmp_path / "step_2" / MANIFEST_FILENAME)
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_1" / "a.bin").write_bytes(b"old")
+    ifs.seal(tmp_path / "step_1")
+    for call in (ifs.verify, ifs.read_manifest):
+        with pytest.raises(ifs.ManifestError, match="FIFO"):
+            call(tmp_path / "step_2")
+    found = ifs.latest_verified(tmp_path)
+    assert found is not None and found[0] == str(tmp_path / "step_1")
+
+
 @pytest.mark.parametrize(
     ("granularity", "chunk_size", "size"),
     [("file", None, 4 << 20), ("chunk", 64 * 1024, 256 * 1024)],
