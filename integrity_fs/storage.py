@@ -283,13 +283,14 @@ def forget_cached(fs: fsspec.AbstractFileSystem, root: str) -> None:
             cache.pop(key, None)
 
 
-#: What tells a local file's content apart over time without reading it: device, inode, size,
-#: and modification and change times in nanoseconds (ctime moves even when a writer puts mtime back).
-LocalIdentity = tuple[int, int, int, int, int]
+#: What tells a local file's content apart over time without reading it: the hash of its device,
+#: inode, size, and modification and change times in nanoseconds (ctime moves even when a writer
+#: puts mtime back). One int, not the tuple: 100,000 files hold ~10 MB less while they are sealed.
+LocalIdentity = int
 
 
 def local_identity(st: os.stat_result) -> LocalIdentity:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return hash((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
 
 
 def changed_local_files(root: str, identities: dict[str, LocalIdentity]) -> list[str]:
