@@ -228,7 +228,18 @@ class HashingFsspecWriter(FsspecWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         def with_digests(done: Future[list[WriteResult]]) -> list[WriteResult]:
-            return done.value() + [_carrier(f) for f in self._written_files()]
+            results = done.value()
+            # FsspecWriter's helper threads (thread_count > 1) drop their exceptions: a file that
+            # failed there has no write results, and the save would go on to be sealed without it.
+            lost = {item.index for item in plan.items} - {result.index for result in results}
+            if lost:
+                self.hashing_fs.take_written()
+                names = sorted(index.fqn for index in lost)
+                raise OSError(
+                    f"{len(lost)} item(s) of this rank were not written to {self.path} "
+                    f"(a write failed on a writer thread): {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+                )
+            return results + [_carrier(f) for f in self._written_files()]
 
         return super().write_data(plan, planner).then(with_digests)
 

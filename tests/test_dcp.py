@@ -236,6 +236,30 @@ def test_failed_write_writes_no_manifest_and_leaves_no_thread(options: dict[str,
     assert [t.name for t in threading.enumerate() if t.name.startswith("integrity_fs-hash")] == []
 
 
+class FailingThreadMemoryFS(MemoryFileSystem):
+    """A memory filesystem on which data files fail to open on any thread but the main one."""
+
+    protocol = "failingthreadmem"
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "w" in mode and path.endswith(".distcp") and threading.current_thread() is not threading.main_thread():
+            raise ConnectionResetError("injected: a write failed on a DCP writer thread")
+        return super()._open(path, mode, **kwargs)
+
+
+fsspec.register_implementation("failingthreadmem", FailingThreadMemoryFS, clobber=True)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's thread dies
+def test_write_failed_on_a_writer_thread_is_not_sealed() -> None:
+    """FsspecWriter's helper threads swallow their exceptions: the save must fail all the same."""
+    url = f"failingthreadmem://ckpt-{uuid.uuid4().hex}"
+    state = {f"t{i}": torch.randn(1000) for i in range(8)}
+    with pytest.raises(CheckpointException, match="not written"):
+        dcp.save(state, url, thread_count=2, single_file_per_rank=False)
+    assert not fsspec.filesystem("failingthreadmem").exists(f"{url}/{MANIFEST_FILENAME}")
+
+
 def test_corrupt_checkpoint_is_refused_and_state_untouched(tmp_path: Path) -> None:
     fs = fsspec.filesystem("file")
     dcp.save(_state(), tmp_path / "ckpt")
