@@ -21,7 +21,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from . import core, distributed, signing, storage
 from .core import URL, Report
@@ -107,9 +107,11 @@ def save(
     else:
         call = distributed._Call(g)
         made = call.attempt(make_writer)
-        failures = distributed._all_gather(g, made if isinstance(made, distributed.Failure) else None)
-        call.raise_first(failures)
+        # Each rank hashes what it writes: the digests only fit one manifest when every rank hashes alike.
+        gathered = distributed._all_gather(g, made if isinstance(made, distributed.Failure) else made.hashing)
+        call.raise_first(gathered)
         assert isinstance(made, HashingFsspecWriter)
+        _check_same_hashing(cast(list[str], gathered))
         writer = made
     with _single_process_quietly(g is None):
         dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=process_group, no_dist=g is None)
@@ -145,6 +147,18 @@ def load(
     ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
     (``save(..., _extensions=[...])``), as in DCP.
     """
+    g = distributed._group(process_group)
+    if g is not None:
+        # Whether a rank verifies, and skips an unsealed checkpoint, decides which collectives it
+        # runs next: ranks that differ would wait for each other in different ones.
+        choice = f"verify={verify!r}" + (f", require_manifest={require_manifest!r}" if verify else "")
+        choices = distributed._all_gather(g, choice)
+        by_choice = distributed._ranks_by(choices)
+        if len(by_choice) > 1:
+            raise ValueError(
+                "ranks passed different arguments to dcp.load: "
+                + "; ".join(f"{c} on {distributed._ranks(r)}" for c, r in by_choice.items())
+            )
     report = None
     if verify:
         report = _verify_or_skip(
@@ -159,7 +173,7 @@ def load(
         )
     reader = FsspecReader(url, **(storage_options or {}))
     reader.transforms = _StorageReaderTransforms(_extension_registry)
-    no_dist = distributed._group(process_group) is None
+    no_dist = g is None
     with _single_process_quietly(no_dist):
         dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
     return report
@@ -169,11 +183,13 @@ def load(
 
 
 class WrittenFile(NamedTuple):
-    """One file a rank wrote: its name relative to the checkpoint root, size, and unit digests."""
+    """One file a rank wrote: its name relative to the checkpoint root, size, and unit digests
+    (and how they were computed: the writer's :attr:`HashingFsspecWriter.hashing`)."""
 
     name: str
     size: int
     digests: tuple[str, ...]
+    hashing: str = ""
 
 
 class HashingFsspecWriter(FsspecWriter):
@@ -216,6 +232,12 @@ class HashingFsspecWriter(FsspecWriter):
         self.chunk_size = chunk_size
         self.manifest: Manifest | None = None
 
+    @property
+    def hashing(self) -> str:
+        """How this writer hashes (algorithm, granularity, chunk size): the same on every rank of a save."""
+        chunks = "" if self.chunk_size is None else f", chunk_size={self.chunk_size}"
+        return f"algorithm={self.algorithm!r}, granularity={self.granularity!r}{chunks}"
+
     def reset(self, checkpoint_id: URL | None = None) -> None:
         super().reset(checkpoint_id)
         self.hashing_fs.take_written()
@@ -245,6 +267,9 @@ class HashingFsspecWriter(FsspecWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         files = [wr.storage_data for wrs in results for wr in wrs if _is_carrier(wr)]
+        other = sorted({f.hashing for f in files} - {self.hashing})
+        if other:
+            raise ValueError(f"ranks hashed their files differently ({'; '.join(other)}; here {self.hashing})")
         super().finish(metadata, [[wr for wr in wrs if not _is_carrier(wr)] for wrs in results])
         files += self._written_files()  # .metadata
         manifest = self._build_manifest(files)
@@ -263,7 +288,7 @@ class HashingFsspecWriter(FsspecWriter):
         for path, (size, digests) in self.hashing_fs.take_written().items():
             if not path.startswith(prefix):
                 raise ValueError(f"{path} was written outside the checkpoint at {self.path}")
-            out.append(WrittenFile(path[len(prefix) :], size, digests))
+            out.append(WrittenFile(path[len(prefix) :], size, digests, self.hashing))
         return out
 
     def _build_manifest(self, files: Sequence[WrittenFile]) -> Manifest:
@@ -274,6 +299,16 @@ class HashingFsspecWriter(FsspecWriter):
                 start, end = chunk_range(f.size, self.chunk_size or max(1, f.size), index)
                 digests[Unit(f.name, index, start, end - start)] = digest
         return core.build_manifest(self.algorithm, self.granularity, self.chunk_size, sizes, digests)
+
+
+def _check_same_hashing(hashings: Sequence[str]) -> None:
+    """``ValueError`` on every rank when ranks passed different algorithms, granularities or chunk sizes."""
+    by_hashing = distributed._ranks_by(hashings)
+    if len(by_hashing) > 1:
+        raise ValueError(
+            "ranks passed different hashing options to dcp.save: "
+            + "; ".join(f"{h} on {distributed._ranks(r)}" for h, r in by_hashing.items())
+        )
 
 
 def _pem(key: Any) -> bytes:

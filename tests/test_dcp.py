@@ -625,3 +625,58 @@ def test_custom_stream_extension_loads_through_the_verifying_reader(tmp_path: Pa
     target = {"small": torch.zeros(1000, dtype=torch.long), "step": 0}
     assert dcp.load(target, url, _extension_registry=_registry()) is not None
     assert torch.equal(target["small"], state["small"]) and target["step"] == 7
+
+
+# --- ranks that disagree --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def disagreeing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """One launch of 2 ranks; a hang fails it (20 s collective timeout, 90 s in all)."""
+    work = tmp_path_factory.mktemp("dcp-disagreeing")
+
+    def sc(id_: str, op: str, **extra: Any) -> dict[str, Any]:
+        return {"id": id_, "op": op, "url": str(work / id_), **extra}
+
+    chunk = {"granularity": "chunk"}
+    scenarios = [
+        sc("granularity", "save", rank_kwargs={"1": {**chunk, "chunk_size": 4096}}),
+        sc("chunk-size", "save", kwargs=chunk, rank_kwargs={"0": {"chunk_size": 4096}, "1": {"chunk_size": 8192}}),
+        sc("writers", "writer", rank_kwargs={"1": {**chunk, "chunk_size": 4096}}),  # torch's save, our writers
+        sc("require-manifest", "load", unsealed=True, rank_kwargs={"0": {"require_manifest": True}}),
+        sc("verify", "load", rank_kwargs={"1": {"verify": False}}),
+        sc("after", "load"),  # the group is still in step
+    ]
+    return run_ranks("dist_dcp_hostile_worker.py", 2, {"scenarios": scenarios, "pg_timeout_s": 20}, work, timeout=90)
+
+
+@pytest.mark.parametrize("scenario", ["granularity", "chunk-size"])
+def test_save_with_different_hashing_options_per_rank_is_refused_on_every_rank(
+    disagreeing: dict[str, list[dict[str, Any]]], scenario: str
+) -> None:
+    """Rank 0 would seal rank 1's digests as if hashed its way: a manifest that fails an intact checkpoint."""
+    outcome = _shared(disagreeing[scenario])
+    assert outcome["save"]["type"] == "ValueError"
+    assert "ranks passed different hashing options" in outcome["save"]["message"]
+    assert outcome["verify"]["type"] == "FileNotFoundError"  # refused before anything was written
+
+
+def test_hashing_writers_that_hash_differently_per_rank_do_not_seal(
+    disagreeing: dict[str, list[dict[str, Any]]],
+) -> None:
+    """torch's own dcp.save with a HashingFsspecWriter per rank: the coordinator refuses to mix the digests."""
+    outcome = _shared(disagreeing["writers"])
+    assert outcome["save"]["type"] == "CheckpointException"
+    assert "ranks hashed their files differently" in outcome["save"]["message"]
+    assert outcome["verify"]["type"] == "ManifestNotFoundError"  # written, never sealed
+
+
+@pytest.mark.parametrize("scenario", ["require-manifest", "verify"])
+def test_load_with_different_verify_choices_per_rank_raises_on_every_rank(
+    disagreeing: dict[str, list[dict[str, Any]]], scenario: str
+) -> None:
+    """A rank that skips verifying (or an unsealed checkpoint) would wait in DCP's collectives for ranks that raise."""
+    outcome = _shared(disagreeing[scenario])
+    assert outcome["load"]["type"] == "ValueError" and "ranks passed different arguments" in outcome["load"]["message"]
+    assert not outcome["loaded"]
+    assert _shared(disagreeing["after"]) == {"load": {"type": "Report"}, "loaded": True}

@@ -1,0 +1,86 @@
+"""One rank of a distributed DCP test where ranks disagree: ``python dist_dcp_hostile_worker.py SPEC.json RANK``.
+
+Each scenario saves a checkpoint (every rank with the spec's ``kwargs``, updated by its own
+``rank_kwargs``; with dcp.save, or with torch's save and a HashingFsspecWriter per rank), then
+every rank checks it with a local verify; or saves one plainly, optionally strips its manifest,
+and loads it with per-rank arguments. Writes this rank's outcomes to ``rank<RANK>.json``; a hang
+fails the test (short collective timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as torch_dcp
+from torch.distributed.checkpoint import CheckpointException
+
+import integrity_fs
+from integrity_fs import MANIFEST_FILENAME, Manifest, Report, dcp
+
+
+def state(rank: int, *, empty: bool = False) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(rank)
+    own = torch.zeros(50_000) if empty else torch.randn(50_000, generator=gen)
+    return {f"rank{rank}": own, "step": 0 if empty else 7}
+
+
+def attempt(fn: Callable[[], object]) -> dict[str, Any]:
+    try:
+        value = fn()
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    if isinstance(value, Manifest):
+        return {"type": "Manifest", "manifest": value.to_json().decode()}
+    if isinstance(value, Report):
+        return {"type": "Report"}
+    return {"type": type(value).__name__}
+
+
+def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
+    url = scenario["url"]
+    kwargs = {**scenario.get("kwargs", {}), **scenario.get("rank_kwargs", {}).get(str(rank), {})}
+    out: dict[str, Any] = {}
+    if scenario["op"] in ("save", "writer"):
+        if scenario["op"] == "save":
+            out["save"] = attempt(lambda: dcp.save(state(rank), url, **kwargs))
+        else:
+            writer = dcp.HashingFsspecWriter(url, **kwargs)
+            out["save"] = attempt(lambda: torch_dcp.save(state(rank), storage_writer=writer))
+        dist.barrier()
+        out["verify"] = attempt(lambda: integrity_fs.verify(url))
+        return out
+    dcp.save(state(rank), url)
+    dist.barrier()
+    if scenario.get("unsealed") and rank == 0:
+        Path(url, MANIFEST_FILENAME).unlink()
+    dist.barrier()
+    target = state(rank, empty=True)
+    out["load"] = attempt(lambda: dcp.load(target, url, **kwargs))
+    out["loaded"] = bool(torch.equal(target[f"rank{rank}"], state(rank)[f"rank{rank}"]))
+    return out
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    dist.init_process_group(
+        "gloo",
+        init_method=spec["init_method"],
+        rank=rank,
+        world_size=spec["world_size"],
+        timeout=timedelta(seconds=spec.get("pg_timeout_s", 60)),
+    )
+    results = {scenario["id"]: run(scenario, rank) for scenario in spec["scenarios"]}
+    dist.destroy_process_group()
+    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
