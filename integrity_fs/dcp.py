@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from . import core, distributed, signing, storage
 from .core import URL, Report
-from .errors import ManifestNotFoundError
+from .errors import IntegrityError, ManifestNotFoundError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Hasher, StreamDigest, Unit, chunk_range, new_hasher
 from .manifest import Manifest
+from .report import Problem
 
 try:
     from torch.distributed.checkpoint._extension import ExtensionRegistry
@@ -161,6 +162,9 @@ def load(
             )
     report = None
     if verify:
+        # What each file is (size, version stamp) before it is verified: the reads below must find
+        # it so, or they would load bytes that no verification saw (a file rewritten meanwhile).
+        stamps = _stamps(url, storage_options)
         report = _verify_or_skip(
             url,
             process_group=process_group,
@@ -173,10 +177,67 @@ def load(
         )
     reader = FsspecReader(url, **(storage_options or {}))
     reader.transforms = _StorageReaderTransforms(_extension_registry)
+    if report is not None:
+        resolved: fsspec.AbstractFileSystem = reader.fs.fs  # type: ignore[attr-defined]  # set by FsspecReader
+        reader.fs = _VerifiedFileSystem(resolved, os.fspath(reader.path), stamps, report)  # type: ignore[assignment]
     no_dist = g is None
     with _single_process_quietly(no_dist):
         dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
     return report
+
+
+def _stamps(url: URL, storage_options: dict[str, Any] | None) -> dict[str, tuple[int, str]] | Exception:
+    """Each file's size and version stamp (mtime, ETag) as listed now; the failure to list, kept
+    to be raised inside DCP's read step (where every rank learns of it) rather than before a collective."""
+    try:
+        fs, root = storage.resolve(url, storage_options)
+        stamps: dict[str, str] = {}
+        sizes = storage.list_files(fs, root, stamps=stamps)
+    except Exception as exc:
+        return exc
+    return {name: (size, stamps.get(name, "")) for name, size in sizes.items()}
+
+
+class _VerifiedFileSystem(_FsspecFileSystem):
+    """DCP's fsspec file system for reading a verified checkpoint: each file is read only if it is
+    one the manifest covers and its size and version stamp are still those listed before it was
+    verified (checked when it is opened, and again when it is closed)."""
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        root: str,
+        stamps: dict[str, tuple[int, str]] | Exception,
+        report: Report,
+    ) -> None:
+        super().__init__()
+        self.fs = fs
+        self._root = root.rstrip("/") + "/"
+        self._stamps = stamps
+        self._extra = set(report.extra)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: URL, mode: str) -> Iterator[io.IOBase]:
+        self._check(path, "before it was read")
+        with super().create_stream(path, mode) as stream:
+            yield stream
+        self._check(path, "while it was read")
+
+    def _check(self, path: URL, when: str) -> None:
+        if isinstance(self._stamps, Exception):
+            raise self._stamps
+        full = os.fspath(path)
+        name = full[len(self._root) :] if full.startswith(self._root) else full
+        if name in self._extra or name not in self._stamps:
+            raise IntegrityError(Report(problems=(Problem(name, "extra"),)), self._root.rstrip("/"))
+        assert self.fs is not None
+        self.fs.invalidate_cache(full)
+        info = self.fs.info(full)
+        if (int(info["size"]), storage._stamp(info)) != self._stamps[name]:
+            raise OSError(
+                f"{self._root}{name} changed after it was verified ({when}: its size or modification "
+                "time differs): something is rewriting the checkpoint; not loaded from it"
+            )
 
 
 # --- writing -----------------------------------------------------------------------------------

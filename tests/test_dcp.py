@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import random
 import re
@@ -271,6 +272,61 @@ def test_corrupt_checkpoint_is_refused_and_state_untouched(tmp_path: Path) -> No
     assert _same(target, _empty())
     dcp.load(target, tmp_path / "ckpt", verify=False)  # the user's explicit choice
     assert target["step"] == 42
+
+
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_file_rewritten_after_verification_is_not_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, when: str
+) -> None:
+    """Bytes that verification never saw: a shard rewritten between verify and the read, or during the read."""
+    url = tmp_path / "ckpt"
+    dcp.save(_state(), url)
+    other = _state()
+    other["model"]["big"] += 1
+    dcp.save(other, tmp_path / "other")
+    shard = url / "__0_0.distcp"
+    assert shard.stat().st_size == (tmp_path / "other" / "__0_0.distcp").stat().st_size
+
+    def rewrite() -> None:
+        shutil.copyfile(tmp_path / "other" / "__0_0.distcp", shard)  # same size, other tensors
+
+    if when == "before":
+        verify_or_skip = dcp._verify_or_skip
+
+        def verify_then_rewrite(*args: Any, **kwargs: Any) -> Any:
+            report = verify_or_skip(*args, **kwargs)
+            rewrite()
+            return report
+
+        monkeypatch.setattr(dcp, "_verify_or_skip", verify_then_rewrite)
+    else:
+        load = torch.load
+
+        def load_then_rewrite(*args: Any, **kwargs: Any) -> Any:
+            tensor = load(*args, **kwargs)
+            rewrite()
+            return tensor
+
+        monkeypatch.setattr(torch, "load", load_then_rewrite)
+    target = _empty()
+    with pytest.raises(CheckpointException, match="changed after it was verified"):
+        dcp.load(target, url)
+    if when == "before":
+        assert _same(target, _empty())
+
+
+def test_file_the_manifest_does_not_cover_is_not_loaded(tmp_path: Path) -> None:
+    """A manifest (here one passed in) that leaves out a shard: verify calls it extra, load must not read it."""
+    url = tmp_path / "ckpt"
+    manifest = dcp.save(_state(), url)
+    partial = ifs.formats.load(
+        json.dumps({"algorithm": "sha256", "files": {".metadata": manifest.files[".metadata"]}}).encode()
+    )
+    assert ifs.verify(url, manifest=partial).extra == ("__0_0.distcp",)
+    target = _empty()
+    with pytest.raises(CheckpointException, match=r"__0_0\.distcp: extra"):
+        dcp.load(target, url, manifest=partial)
+    assert _same(target, _empty())
 
 
 def test_missing_manifest_loads_with_an_info_line_unless_required(
