@@ -31,6 +31,9 @@ from .signing import SIGNATURE_FILENAME
 
 #: Files at the root that describe the checkpoint and are not its content.
 NOT_CONTENT = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
+#: What :func:`write_atomic` names its temporary file at a local root (``mkstemp``: 8 random
+#: characters): one left by a killed seal is not content.
+_LEFT_BY_WRITE = re.compile(rf"\.(?:{'|'.join(map(re.escape, NOT_CONTENT))})\.[A-Za-z0-9_]{{8}}\.tmp")
 
 log = logging.getLogger("integrity_fs")
 
@@ -345,7 +348,9 @@ def _list_local(
                     todo.append((entry.path, f"{prefix}{entry.name}/"))
                     continue
                 name = prefix + entry.name
-                if not prefix and name in NOT_CONTENT:
+                if not prefix and (name in NOT_CONTENT or _LEFT_BY_WRITE.fullmatch(name)):
+                    if name not in NOT_CONTENT:
+                        log.warning("skipping %s: left by an interrupted write of the manifest (delete it)", name)
                     continue
                 try:
                     if link:

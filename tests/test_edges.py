@@ -89,3 +89,23 @@ def test_entries_that_vanish_while_the_tree_is_listed_are_not_a_storage_error(tm
             assert list(result.files) == ["sub/w.bin"]
         else:
             assert result.ok and result.extra == ()
+
+
+def test_a_temporary_manifest_left_by_a_killed_seal_is_not_content(tmp_path: Path, caplog) -> None:
+    """A seal killed between writing its temporary manifest and renaming it (OOM, preemption)
+    leaves `._integrity_manifest.json.<random>.tmp` beside the files. The next seal must not
+    list it as content: deleting it later would fail the checkpoint, and `--strict` would call it
+    an extra file."""
+    (tmp_path / "w.bin").write_bytes(b"weights")
+    leftovers = [tmp_path / "._integrity_manifest.json.k3_x9q0z.tmp", tmp_path / ".model.sig.a1b2c3d4.tmp"]
+    for leftover in leftovers:
+        leftover.write_bytes(b'{"half": ')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "._integrity_manifest.json.k3_x9q0z.tmp").write_bytes(b"user data, not at the root")
+    manifest = integrity_fs.seal(tmp_path)
+    assert sorted(manifest.files) == ["sub/._integrity_manifest.json.k3_x9q0z.tmp", "w.bin"]
+    assert "interrupted" in caplog.text
+    assert integrity_fs.verify(tmp_path, strict=True).ok
+    for leftover in leftovers:
+        leftover.unlink()
+    assert integrity_fs.verify(tmp_path, strict=True).ok
