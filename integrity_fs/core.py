@@ -121,6 +121,7 @@ def seal(
     sizes = list_for_seal(fs_, root, identities=identities)
     if key is not None:
         signing.check_shard_names(granularity, sizes)
+    check_chunk_count(sizes, chunk_size)
     units = plan_units(granularity, sizes, chunk_size)
     digests = hash_units(fs_, root, algorithm, units, max_workers=max_workers, callback=callback)
     if None in digests.values():
@@ -196,6 +197,26 @@ def refuse_if_sealed(fs: fsspec.AbstractFileSystem, root: str) -> None:
         raise FileExistsError(
             f"{storage.describe(fs, root)} is already sealed (it holds {MANIFEST_FILENAME}); sealing again would "
             "accept whatever the files hold now: pass overwrite=True / --force to replace the manifest"
+        )
+
+
+#: Chunks one file may be cut into when sealing: 64 TiB at the default 64 MiB. More means a chunk
+#: size given in bytes where MiB were meant (``--chunk-size 64``): millions of digests in the
+#: manifest and per-chunk work that never ends, refused before anything is read.
+MAX_CHUNKS_PER_FILE = 1_000_000
+
+
+def check_chunk_count(sizes: Mapping[str, int], chunk_size: int | None) -> None:
+    """``ValueError`` when ``chunk_size`` cuts a file of ``sizes`` into more than
+    ``MAX_CHUNKS_PER_FILE`` chunks (``chunk_size`` None: file granularity, nothing to check)."""
+    if chunk_size is None or not sizes:
+        return
+    name, size = max(sizes.items(), key=lambda item: item[1])
+    chunks = -(-size // chunk_size)
+    if chunks > MAX_CHUNKS_PER_FILE:
+        raise ValueError(
+            f"chunk_size={chunk_size} would cut {_shown(name)} ({size} bytes) into {chunks:,} chunks, more than "
+            f"{MAX_CHUNKS_PER_FILE:,}: choose a larger chunk size (in bytes: 64 MiB is 67108864)"
         )
 
 

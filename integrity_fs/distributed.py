@@ -505,6 +505,7 @@ def _plan_seal(
     if not overwrite:
         core.refuse_if_sealed(view.fs, view.root)
     sizes = core.list_for_seal(view.fs, view.root)
+    core.check_chunk_count(sizes, chunk_size)
     units = plan_units(granularity, sizes, chunk_size)
     return _SealPlan(algorithm, granularity, chunk_size, sizes, units, storage.describe(view.fs, view.root))
 

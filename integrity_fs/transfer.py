@@ -188,6 +188,7 @@ def upload(
         _verified_copy(source, dst, manifest, plan, max_workers, callback)
     else:
         chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
+        core.check_chunk_count(listing, chunk_size)
         if key is not None:
             signing.check_shard_names(granularity, listing)
         _prepare_destination(dst, overwrite)

@@ -4,8 +4,11 @@ that is not there or is a file."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -186,3 +189,25 @@ def test_a_stale_manifest_json_with_valid_body_still_parses_as_before() -> None:
     assert Manifest.from_json(json.dumps(seed)).sizes is None
     m = Manifest(files={"a": DIGEST}, sizes={"a": 3})
     assert Manifest.from_json(m.to_json()) == m
+
+
+def test_a_chunk_size_that_would_cut_a_file_into_millions_of_chunks_is_refused_before_any_read(tmp_path):
+    """`--chunk-size 64` means 64 bytes: on a large file, millions of digests and work without end.
+    seal, upload and the CLI refuse it at once, naming the file, and write nothing."""
+    big = tmp_path / "ckpt" / "model.bin"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(ifs.core.MAX_CHUNKS_PER_FILE * 64 + 1)  # sparse: nothing is read before the refusal
+    (tmp_path / "ckpt" / "small.bin").write_bytes(b"s")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"chunk_size=64 would cut 'model\.bin' .* 1,000,001 chunks"):
+        ifs.seal(big.parent, granularity="chunk", chunk_size=64)
+    with pytest.raises(ValueError, match="more than 1,000,000"):
+        ifs.upload(big.parent, tmp_path / "copy", granularity="chunk", chunk_size=64)
+    assert time.perf_counter() - started < 5
+    assert not (big.parent / MANIFEST_FILENAME).exists() and not (tmp_path / "copy").exists()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert cli_main(["seal", str(big.parent), "--granularity", "chunk", "--chunk-size", "64"]) == 2
+    assert "choose a larger chunk size" in err.getvalue()
+    ifs.seal(big.parent, granularity="chunk", chunk_size=64 * 1024 * 1024)  # the size meant: fine
