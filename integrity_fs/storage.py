@@ -348,7 +348,7 @@ def _list_local(
                     todo.append((entry.path, f"{prefix}{entry.name}/"))
                     continue
                 name = prefix + entry.name
-                if not prefix and (name in NOT_CONTENT or _LEFT_BY_WRITE.fullmatch(name)):
+                if not prefix and (name in NOT_CONTENT or (name[0] == "." and _LEFT_BY_WRITE.fullmatch(name))):
                     if name not in NOT_CONTENT:
                         log.warning("skipping %s: left by an interrupted write of the manifest (delete it)", name)
                     continue
