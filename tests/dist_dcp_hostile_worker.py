@@ -9,16 +9,14 @@ fails the test (short collective timeout).
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as torch_dcp
+from dist_rank import run_rank
 from torch.distributed.checkpoint import CheckpointException
 
 import integrity_fs
@@ -67,20 +65,5 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    rank = int(sys.argv[2])
-    dist.init_process_group(
-        "gloo",
-        init_method=spec["init_method"],
-        rank=rank,
-        world_size=spec["world_size"],
-        timeout=timedelta(seconds=spec.get("pg_timeout_s", 60)),
-    )
-    results = {scenario["id"]: run(scenario, rank) for scenario in spec["scenarios"]}
-    dist.destroy_process_group()
-    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    run_rank(lambda spec, rank: {scenario["id"]: run(scenario, rank) for scenario in spec["scenarios"]})

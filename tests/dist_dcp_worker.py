@@ -8,19 +8,16 @@ outcomes to ``rank<RANK>.json``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 from collections.abc import Callable
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as torch_dcp
+from dist_rank import run_rank
 from read_counting import reads_under
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -214,22 +211,19 @@ def run_target(
     return out
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    rank = int(sys.argv[2])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # for DCP's checkpoint process (async_save)
+def run_all(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     world = spec["world_size"]
-    dist.init_process_group(
-        "gloo", init_method=spec["init_method"], rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
-    results = {
+    return {
         name: run_target(
             target["url"], target["options"], rank, world, async_process=spec["async_process"], keys=spec.get("keys")
         )
         for name, target in spec["targets"].items()
     }
-    dist.destroy_process_group()
-    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+
+
+def main() -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # for DCP's checkpoint process (async_save)
+    run_rank(run_all)
 
 
 if __name__ == "__main__":

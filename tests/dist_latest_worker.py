@@ -9,17 +9,14 @@ verifies, a root that is a file, and ranks passing different modes. Writes this 
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 from collections.abc import Callable
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import fsspec
 import torch
 import torch.distributed as dist
+from dist_rank import run_rank
 
 from integrity_fs import MANIFEST_FILENAME, dcp, distributed, storage
 
@@ -166,18 +163,7 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    rank = int(sys.argv[2])
-    dist.init_process_group(
-        "gloo",
-        init_method=spec["init_method"],
-        rank=rank,
-        world_size=spec["world_size"],
-        timeout=timedelta(seconds=60),
-    )
-    results = {name: run_target(t["url"], t["options"], rank) for name, t in spec["targets"].items()}
-    dist.destroy_process_group()
-    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    run_rank(lambda spec, rank: {name: run_target(t["url"], t["options"], rank) for name, t in spec["targets"].items()})
 
 
 if __name__ == "__main__":

@@ -6,14 +6,11 @@ type, message, report or manifest, bytes this rank hashed) to ``rank<RANK>.json`
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from dist_rank import run_rank
 from fsspec.callbacks import Callback
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
@@ -143,16 +140,7 @@ def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
     return {**result, "hashed": counter.hashed}
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    rank = int(sys.argv[2])
-    dist.init_process_group(
-        "gloo",
-        init_method=spec["init_method"],
-        rank=rank,
-        world_size=spec["world_size"],
-        timeout=timedelta(seconds=spec.get("pg_timeout_s", 60)),
-    )
+def run_all(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for scenario in spec["scenarios"]:
         members = scenario.get("group")
@@ -161,9 +149,8 @@ def main() -> None:
             results[scenario["id"]] = {"type": "not a member"}
             continue
         results[scenario["id"]] = run(scenario, rank, group)
-    dist.destroy_process_group()
-    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    run_rank(run_all)
