@@ -156,8 +156,7 @@ def none_verified(args: argparse.Namespace) -> NoneVerifiedError:
     directory, or is itself a checkpoint rather than the run's directory that holds them)."""
     message = f"no checkpoint under {args.root} verifies"
     try:
-        fs, root = storage.resolve(args.root, options_of(args))
-        if checkpoints.checkpoint_names(fs, root):
+        if checkpoints.find_checkpoints(args.root, storage_options=options_of(args)):
             return NoneVerifiedError(message, root_is_a_checkpoint(args))
     except OSError:  # no ROOT (a WARNING said so), or a listing that failed this time
         return NoneVerifiedError(message)
