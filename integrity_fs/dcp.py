@@ -112,7 +112,7 @@ def save(
         gathered = distributed._all_gather(g, made if isinstance(made, distributed.Failure) else made.hashing)
         call.raise_first(gathered)
         assert isinstance(made, HashingFsspecWriter)
-        _check_same_hashing(cast(list[str], gathered))
+        distributed._check_agreed(cast(list[str], gathered), "hashing options to dcp.save")
         writer = made
     with _single_process_quietly(g is None):
         dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=process_group, no_dist=g is None)
@@ -153,13 +153,7 @@ def load(
         # Whether a rank verifies, and skips an unsealed checkpoint, decides which collectives it
         # runs next: ranks that differ would wait for each other in different ones.
         choice = f"verify={verify!r}" + (f", require_manifest={require_manifest!r}" if verify else "")
-        choices = distributed._all_gather(g, choice)
-        by_choice = distributed._ranks_by(choices)
-        if len(by_choice) > 1:
-            raise ValueError(
-                "ranks passed different arguments to dcp.load: "
-                + "; ".join(f"{c} on {distributed._ranks(r)}" for c, r in by_choice.items())
-            )
+        distributed._check_agreed(distributed._all_gather(g, choice), "arguments to dcp.load")
     report = None
     if verify:
         # What each file is (size, version stamp) before it is verified: the reads below must find
@@ -360,16 +354,6 @@ class HashingFsspecWriter(FsspecWriter):
                 start, end = chunk_range(f.size, self.chunk_size or max(1, f.size), index)
                 digests[Unit(f.name, index, start, end - start)] = digest
         return core.build_manifest(self.algorithm, self.granularity, self.chunk_size, sizes, digests)
-
-
-def _check_same_hashing(hashings: Sequence[str]) -> None:
-    """``ValueError`` on every rank when ranks passed different algorithms, granularities or chunk sizes."""
-    by_hashing = distributed._ranks_by(hashings)
-    if len(by_hashing) > 1:
-        raise ValueError(
-            "ranks passed different hashing options to dcp.save: "
-            + "; ".join(f"{h} on {distributed._ranks(r)}" for h, r in by_hashing.items())
-        )
 
 
 def _pem(key: Any) -> bytes:

@@ -417,12 +417,18 @@ def _agreed_mode(modes: Sequence[str]) -> Mode:
     if bad:
         rank, m = bad[0]
         raise ValueError(f"mode must be one of {', '.join(valid)}, not {m} (rank {rank})")
-    by_mode = _ranks_by(modes)
-    if len(by_mode) > 1:
-        raise ValueError(
-            "ranks passed different modes: " + "; ".join(f"{m} on {_ranks(r)}" for m, r in by_mode.items())
-        )
+    _check_agreed(modes, "modes")
     return valid[modes[0]]
+
+
+def _check_agreed(values: Sequence[str], what: str) -> None:
+    """``ValueError``, the same on every rank, when ranks passed different ``what`` (``values``: one
+    per rank, gathered): each value named with the ranks that passed it."""
+    by_value = _ranks_by(values)
+    if len(by_value) > 1:
+        raise ValueError(
+            f"ranks passed different {what}: " + "; ".join(f"{v} on {_ranks(r)}" for v, r in by_value.items())
+        )
 
 
 def _check_same_views(tokens: Sequence[tuple[str, str]]) -> None:
