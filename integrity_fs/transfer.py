@@ -97,8 +97,11 @@ def download(
     """
     target = _local_path(dest, "dest")
     parent, name = os.path.split(target)
-    if os.path.isdir(target) and not os.path.islink(target):
-        _remove_stale_staging(target, name)  # left inside this empty directory by a killed download
+    # An empty directory (a mount point, perhaps, or in a parent we may not write) is kept: the
+    # files are staged inside it, on its filesystem, and moved up. A new dest is one rename.
+    into = os.path.isdir(target) and not os.path.islink(target)
+    where = target if into else parent
+    _remove_stale_staging(where, name)  # left by a killed download (inside an empty dest: before its check)
     _check_dest(target)
     src = _Side(*storage.resolve(url, storage_options, fs))
     if storage.is_local(src.fs) and _overlaps(src.root, target):
@@ -107,13 +110,7 @@ def download(
     plan = core.plan_verification(manifest, storage.list_files(src.fs, src.root), strict=strict)
     if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), src.location)
-    # An empty directory (a mount point, perhaps, or in a parent we may not write) is kept: the
-    # files are staged inside it, on its filesystem, and moved up. A new dest is one rename.
-    into = os.path.isdir(target)
     created = [] if into else _makedirs(parent)
-    if not into:
-        _remove_stale_staging(parent, name)
-    where = target if into else parent
     staging = os.path.join(where, f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}")
     try:
         os.mkdir(staging)  # not mkdtemp: dest gets the usual permissions once renamed
