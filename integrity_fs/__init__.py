@@ -3,17 +3,26 @@ on any fsspec filesystem (local, S3, GCS, ...)."""
 
 from . import formats
 from .checkpoints import find_checkpoints, latest_verified
-from .core import read_manifest, seal, sign, verify
-from .errors import CheckpointingException, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from .errors import (
+    CheckpointingException,
+    FileChangedError,
+    IntegrityError,
+    ManifestError,
+    ManifestNotFoundError,
+    SignatureError,
+)
 from .manifest import MANIFEST_FILENAME, Manifest
-from .report import Problem, Report
-from .signing import SIGNATURE_FILENAME
+from .manifests import read_manifest
+from .report import SIGNATURE_FILENAME, Problem, Report
+from .seal import seal, sign
 from .transfer import copy, download, upload
+from .verify import verify
 
 __all__ = [
     "MANIFEST_FILENAME",
     "SIGNATURE_FILENAME",
     "CheckpointingException",
+    "FileChangedError",
     "IntegrityError",
     "Manifest",
     "ManifestError",

@@ -12,24 +12,29 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import core, signing, storage
-from .core import URL, Problem, Report
-from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from . import manifests, signing, storage
+from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import Manifest
+from .report import Problem, Report, printable
+from .verify import verify
 
-__all__ = ["CheckpointStatus", "Verdict", "find_checkpoints", "latest_verified", "status"]
+__all__ = ["CheckpointStatus", "Verdict", "find_checkpoints", "latest_verified", "newest_that", "status"]
 
 log = logging.getLogger("integrity_fs")
 
-Verdict = Literal["ok", "damaged", "unsealed", "invalid"]
+URL = str | os.PathLike[str]
+R = TypeVar("R")
+
+Verdict = Literal["ok", "damaged", "unsealed", "invalid", "changing"]
 
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -80,12 +85,14 @@ def names_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
     try:
         return checkpoint_names(fs, root)
     except FileNotFoundError as exc:
-        log.warning("no checkpoints under %s: %s", storage.describe(fs, root), exc)
+        log.warning("no checkpoints under %s: %s", printable(storage.describe(fs, root)), exc)
         return []
 
 
 def skip_reason(exc: Exception) -> str | None:
     """Why a candidate is skipped by :func:`latest_verified`, or ``None`` when ``exc`` must be raised."""
+    if isinstance(exc, FileChangedError):  # being written: not an outage, not damage
+        return "changed while it was read"
     if isinstance(exc, ManifestNotFoundError):
         return "unsealed"
     if isinstance(exc, ManifestError):
@@ -120,19 +127,39 @@ def latest_verified(
     saved) is logged and gives ``None``.
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
-    for name in names_or_none(fs_, root_):
-        path = storage.join(root_, name)
+    candidates = [
+        (storage.join(root_, name), checkpoint_url(fs_, storage.join(root_, name)))
+        for name in names_or_none(fs_, root_)
+    ]
+
+    def attempt(path: str) -> Report:
+        return verify(path, fs=fs_, max_workers=max_workers, strict=strict, quick=quick, public_key=public_key)
+
+    return newest_that(candidates, attempt)
+
+
+def newest_that(
+    candidates: Sequence[tuple[str, str]], attempt: Callable[[str], R], *, warn: bool = True
+) -> tuple[str, R] | None:
+    """The first of ``candidates`` (``(path, url)``, newest first) for which ``attempt(path)``
+    returns, with what it returned; ``None`` when none does.
+
+    The one loop of "the newest good checkpoint": ``latest_verified`` (a verification),
+    ``distributed.latest_verified`` (a collective one) and ``dcp.load_latest`` (a verified load)
+    pass their own ``attempt``. A candidate whose attempt raises what :func:`skip_reason` names is
+    skipped, with a WARNING (``warn``) naming the reason; anything else (a storage error) is raised.
+    """
+    for path, url in candidates:
         try:
-            report = core.verify(
-                path, fs=fs_, max_workers=max_workers, strict=strict, quick=quick, public_key=public_key
-            )
+            result = attempt(path)
         except Exception as exc:
             reason = skip_reason(exc)
             if reason is None:
                 raise
-            log.warning("skipping %s (%s): %s", checkpoint_url(fs_, path), reason, exc)
+            if warn:
+                log.warning("skipping %s (%s): %s", printable(url), reason, exc)
             continue
-        return checkpoint_url(fs_, path), report
+        return url, result
     return None
 
 
@@ -214,7 +241,7 @@ def _unless_vanished(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]
     except FileNotFoundError as exc:
         if isinstance(exc, ManifestNotFoundError):
             raise
-        log.warning("leaving out %s (vanished since the listing): %s", checkpoint_url(fs, path), exc)
+        log.warning("leaving out %s (vanished since the listing): %s", printable(checkpoint_url(fs, path)), exc)
 
 
 class _Share(Callback):  # type: ignore[misc]  # fsspec is untyped
@@ -236,7 +263,7 @@ def _manifest_or_error(fs: fsspec.AbstractFileSystem, path: str) -> Manifest | E
     or ``NotImplementedError`` (an algorithm or granularity this installation cannot verify, which
     makes that one checkpoint "invalid", not the whole listing fail)."""
     try:
-        return core.load_manifest(fs, path)
+        return manifests.load_manifest(fs, path)
     except (ManifestNotFoundError, ManifestError, NotImplementedError) as exc:
         return exc
 
@@ -262,7 +289,9 @@ def _status_of(
         listing = storage.list_files(fs, path)
         nbytes = sum(size for file, size in listing.items() if file in manifest.files)
     try:
-        core.verify(path, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
+        verify(path, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
+    except FileChangedError as exc:
+        return CheckpointStatus(name, url, True, files, nbytes, "changing", (), str(exc))
     except IntegrityError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "damaged", exc.report.problems, str(exc))
     except ManifestNotFoundError as exc:  # the manifest went away since it was read

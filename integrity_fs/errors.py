@@ -5,12 +5,24 @@
 - the manifest cannot be trusted as a description: :class:`ManifestError` (a ``ValueError``);
 - a signature is missing, invalid, or covers other digests: :class:`SignatureError` (an
   ``IntegrityError``);
+- a file changed while it was read: :class:`FileChangedError` (an ``OSError``);
 - storage failed: a built-in ``OSError``, never one of the above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .report import SIGNATURE_FILENAME, Problem, Report
+
+__all__ = [
+    "CheckpointingException",
+    "FileChangedError",
+    "IntegrityError",
+    "ManifestError",
+    "ManifestNotFoundError",
+    "SignatureError",
+]
 
 _MAX_NAMED = 10
 
@@ -73,3 +85,18 @@ class ManifestNotFoundError(FileNotFoundError):
 
 class ManifestError(ValueError):
     """The manifest is unreadable or invalid; the message says what is wrong."""
+
+
+class FileChangedError(OSError):
+    """A file's version changed while an operation read it: written to, replaced or cut since the
+    listing the operation works from. Not damage, and never an OK: run again once writers are done.
+
+    ``names`` are the files (as the message names them).
+    """
+
+    def __init__(self, message: str, names: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.names))

@@ -11,6 +11,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+__all__ = [
+    "ALGORITHMS",
+    "BLAKE3_INSTALL_HINT",
+    "BLAKE3_THREADED_MIN",
+    "DEFAULT_ALGORITHM",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_GRANULARITY",
+    "GRANULARITIES",
+    "READ_SIZES",
+    "Blake3Hasher",
+    "Hasher",
+    "StreamDigest",
+    "Unit",
+    "check_granularity",
+    "chunk_count",
+    "chunk_range",
+    "combine_chunk_digests",
+    "file_digest",
+    "hex_length",
+    "new_hasher",
+    "plan_units",
+]
+
 
 class Hasher(Protocol):
     def update(self, data: bytes | bytearray | memoryview, /) -> None: ...

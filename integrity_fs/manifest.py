@@ -19,6 +19,16 @@ from .hashing import (
     hex_length,
 )
 
+__all__ = [
+    "MANIFEST_FILENAME",
+    "VERSION",
+    "Manifest",
+    "canonical_json",
+    "check_name",
+    "check_names",
+    "parse_json",
+]
+
 MANIFEST_FILENAME = "_integrity_manifest.json"
 VERSION = 1
 

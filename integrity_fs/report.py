@@ -8,6 +8,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+__all__ = [
+    "SIGNATURE_FILENAME",
+    "Problem",
+    "ProblemKind",
+    "Report",
+    "printable",
+]
+
 ProblemKind = Literal["mismatch", "missing", "size", "extra"]
 #: The signature file beside the manifest (``signing`` re-exports it); here so that ``errors`` can
 #: name it in a problem without importing ``signing``, which imports ``errors``.

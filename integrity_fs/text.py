@@ -11,6 +11,17 @@ from collections.abc import Sequence
 
 from .report import Problem, printable
 
+__all__ = [
+    "DIGEST_SHOWN",
+    "describe_problem",
+    "extra_note",
+    "format_bytes",
+    "format_work",
+    "name_problems",
+    "parse_size",
+    "short_digest",
+]
+
 _PREFIXES = "KMGTP"
 _SIZE = re.compile(r"(\d+)\s*(?:([KMGTP])(I)?)?(B)?", re.IGNORECASE)
 #: Hex digits kept at each end of a digest in human output (``--json`` prints them whole).

@@ -22,12 +22,19 @@ from typing import Any
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import core, signing, storage
-from .core import URL
+from . import manifests, signing, storage
 from .errors import IntegrityError, ManifestError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
+from .options import Hashing, VerifyOptions, Work
 from .report import Problem, Report
+from .seal import build_manifest, plan_seal, seal_options
+from .verify import VerificationPlan, finish_verification, prepare
+from .work import default_workers, progress_fn, run_parallel
+
+__all__ = ["STAGING_MARK", "copy", "download", "upload"]
+
+URL = str | os.PathLike[str]
 
 log = logging.getLogger("integrity_fs")
 
@@ -103,22 +110,23 @@ def download(
     where = target if into else parent
     _remove_stale_staging(where, name)  # left by a killed download (inside an empty dest: before its check)
     _check_dest(target)
+    work = Work(max_workers, callback)
     src = _Side(*storage.resolve(url, storage_options, fs))
     if storage.is_local(src.fs) and _overlaps(src.root, target):
         raise ValueError(f"url {src.location} and dest {target} overlap; download to a location outside url")
     raw, manifest = _load_manifest(src)
-    plan = core.plan_verification(manifest, storage.list_files(src.fs, src.root), strict=strict)
+    versions: dict[str, storage.Version] = {}
+    plan = prepare(src.fs, src.root, VerifyOptions(strict=strict, manifest=manifest), versions=versions).plan
     if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), src.location)
+    signature = _signature_of(src)
     created = [] if into else _makedirs(parent)
     staging = os.path.join(where, f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}")
     try:
         os.mkdir(staging)  # not mkdtemp: dest gets the usual permissions once renamed
         dst = _Side(storage.local_filesystem(), staging)
-        report = _verified_copy(src, dst, manifest, plan, max_workers, callback)
-        _copy_signature(src, dst)
-        with open(os.path.join(staging, MANIFEST_FILENAME), "wb") as f:
-            f.write(raw)
+        report = _verified_copy(src, dst, manifest, plan, versions, work)
+        manifests.write_sealed(dst.fs, dst.root, manifest, raw=raw, signature=signature)
         if into:
             _move_up(staging, target)
         else:
@@ -158,19 +166,24 @@ def upload(
     read), ``model.sig`` is written right after the manifest, signing its digests (those just
     computed, or the checked source manifest's); a signature beside ``src`` is then not copied.
     """
-    key = None if private_key is None else core.load_signing_key(private_key, algorithm, granularity)
+    options = seal_options(algorithm, granularity, chunk_size, overwrite, private_key)
+    work = Work(max_workers, callback)
     source = _Side(storage.local_filesystem(), _local_path(src, "src"))
     dst = _Side(*storage.resolve(url, storage_options, fs))
     if storage.is_local(dst.fs) and _overlaps(source.root, dst.root):
         raise ValueError(f"src {source.root} and url {dst.location} overlap; upload to a location outside src")
-    listing = storage.list_files(source.fs, source.root)
+    versions: dict[str, storage.Version] = {}
+    listing = storage.list_files(source.fs, source.root, versions=versions)
+    signature = None
     if os.path.lexists(source.path(MANIFEST_FILENAME)):
         raw, manifest = _load_manifest(source)
         _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
-        if key is not None:
+        if options.key is not None:
             signing.check_signable(manifest.algorithm, manifest.granularity)
             signing.check_shard_names(manifest.granularity, dict(manifest.sizes or listing))
-        plan = core.plan_verification(manifest, listing)
+        else:
+            signature = _signature_of(source)
+        plan = prepare(source.fs, source.root, VerifyOptions(manifest=manifest), sizes=listing).plan
         if plan.problems:
             raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
         if plan.extra:
@@ -182,27 +195,20 @@ def upload(
                 ", ".join(plan.extra[:5]) + (" ..." if len(plan.extra) > 5 else ""),
             )
         _prepare_destination(dst, overwrite)
-        _verified_copy(source, dst, manifest, plan, max_workers, callback)
+        _verified_copy(source, dst, manifest, plan, versions, work)
     else:
-        chunk_size = core.check_seal_options(algorithm, granularity, chunk_size)
-        core.check_chunk_count(listing, chunk_size)
-        if key is not None:
-            signing.check_shard_names(granularity, listing)
+        hashing = options.hashing
+        # The seal's own checks (names, chunk count, signable names), on the source's listing; the
+        # sealed destination was refused above.
+        planned = plan_seal(source.fs, source.root, dataclasses.replace(options, overwrite=True), sizes=listing)
         _prepare_destination(dst, overwrite)
-        outcomes = _stream(source, dst, listing, algorithm, granularity, chunk_size, max_workers, callback)
+        outcomes = _stream(source, dst, planned.sizes, hashing, versions, work)
         copied = _sent_as_listed(source, outcomes)
         sizes = {name: c.size for name, c in sorted(copied.items())}
-        digests = _unit_digests(granularity, chunk_size, copied)
-        manifest = core.build_manifest(algorithm, granularity, chunk_size, sizes, digests)
-        raw = manifest.to_json()
+        manifest = build_manifest(hashing, sizes, _unit_digests(hashing, copied))
+        raw = None
     _make_local_root(dst)
-    if key is None:
-        _copy_signature(source, dst)
-        storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
-        return manifest
-    signature = signing.sign(manifest, key, core.model_name(dst.root))
-    storage.write_atomic(dst.fs, dst.path(MANIFEST_FILENAME), raw)
-    core.write_signature(dst.fs, dst.root, signature)
+    manifests.write_sealed(dst.fs, dst.root, manifest, key=options.key, raw=raw, signature=signature)
     return manifest
 
 
@@ -222,19 +228,21 @@ def copy(
     the manifest does not list are not copied. Raises as :func:`~integrity_fs.verify` (about
     ``src``), and ``FileExistsError`` when ``dst`` holds a manifest, unless ``overwrite=True``.
     """
+    work = Work(max_workers, callback)
     source = _Side(*storage.resolve(src, src_options))
     target = _Side(*storage.resolve(dst, dst_options))
     if _overlaps_on(source, target):
         raise ValueError(f"src {source.location} and dst {target.location} overlap; copy to a location outside src")
     raw, manifest = _load_manifest(source)
-    plan = core.plan_verification(manifest, storage.list_files(source.fs, source.root))
+    versions: dict[str, storage.Version] = {}
+    plan = prepare(source.fs, source.root, VerifyOptions(manifest=manifest), versions=versions).plan
     if plan.problems:
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
+    signature = _signature_of(source)
     _prepare_destination(target, overwrite)
-    report = _verified_copy(source, target, manifest, plan, max_workers, callback)
+    report = _verified_copy(source, target, manifest, plan, versions, work)
     _make_local_root(target)
-    _copy_signature(source, target)
-    storage.write_atomic(target.fs, target.path(MANIFEST_FILENAME), raw)
+    manifests.write_sealed(target.fs, target.root, manifest, raw=raw, signature=signature)
     return report
 
 
@@ -245,16 +253,14 @@ def _verified_copy(
     src: _Side,
     dst: _Side,
     manifest: Manifest,
-    plan: core.VerificationPlan,
-    max_workers: int | None,
-    callback: Callback | None,
+    plan: VerificationPlan,
+    versions: Mapping[str, storage.Version],
+    work: Work,
 ) -> Report:
     """Stream the files of ``plan`` from ``src`` to ``dst`` and compare them with ``manifest``;
     ``IntegrityError`` (about ``src``) if any differs, changed size or vanished since the listing."""
-    chunk_size = manifest.chunk_size if manifest.granularity == "chunk" else None
-    outcomes = _stream(
-        src, dst, plan.sizes, manifest.algorithm, manifest.granularity, chunk_size, max_workers, callback
-    )
+    hashing = Hashing.of(manifest)
+    outcomes = _stream(src, dst, plan.sizes, hashing, versions, work)
     problems: list[Problem] = []
     for name, outcome in outcomes.items():
         if outcome is None:
@@ -262,14 +268,14 @@ def _verified_copy(
         elif isinstance(outcome, _Resized):
             problems.append(Problem(name, "size", expected=plan.sizes[name], actual=outcome.size))
     whole = {name: c for name, c in outcomes.items() if isinstance(c, _Copied)}
-    digests = _unit_digests(manifest.granularity, chunk_size, whole)
+    digests = _unit_digests(hashing, whole)
     streamed = dataclasses.replace(
         plan,
         problems=plan.problems + tuple(problems),
         sizes={name: c.size for name, c in whole.items()},
         units=tuple(digests),
     )
-    report = core.finish_verification(manifest, streamed, digests)
+    report = finish_verification(manifest, streamed, digests)
     if not report.ok:
         raise IntegrityError(report, src.location)
     return report
@@ -290,11 +296,9 @@ def _stream(
     src: _Side,
     dst: _Side,
     sizes: Mapping[str, int],
-    algorithm: str,
-    granularity: str,
-    chunk_size: int | None,
-    max_workers: int | None,
-    callback: Callback | None,
+    hashing: Hashing,
+    versions: Mapping[str, storage.Version],
+    work: Work,
 ) -> dict[str, _Outcome]:
     """Copy exactly ``sizes[name]`` bytes of every file, hashing the same bytes as they pass; one
     progress total.
@@ -305,10 +309,8 @@ def _stream(
     ``storage.SealingWriter``: on S3 they carry the SHA-256 checksums that make the copy
     attestable (``verify(attested=True)``); a copy that fails is aborted, never committed short.
     """
-    if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
-        raise ValueError(f"max_workers must be a positive integer, not {max_workers!r}")
-    workers = max_workers or max(core.default_workers(src.fs), core.default_workers(dst.fs))
-    progress = core.progress_fn(callback, sum(sizes.values()))
+    workers = work.max_workers or max(default_workers(src.fs), default_workers(dst.fs))
+    progress = progress_fn(work.callback, sum(sizes.values()))
     stop = threading.Event()
 
     def one(name: str) -> _Outcome:
@@ -319,23 +321,24 @@ def _stream(
                 dst.fs,
                 dst.path(name),
                 sizes[name],
-                algorithm=algorithm,
-                granularity=granularity,
-                chunk_size=chunk_size,
+                algorithm=hashing.algorithm,
+                granularity=hashing.granularity,
+                chunk_size=hashing.chunk_size,
                 progress=progress,
+                version=versions.get(name),
                 stop=stop,
             )
         except storage.SizeChangedError as exc:
             return _Resized(exc.size)
         return None if digests is None else _Copied(sizes[name], digests)
 
-    return core.run_parallel(one, sorted(sizes, key=lambda n: -sizes[n]), workers, stop=stop)
+    return run_parallel(one, sorted(sizes, key=lambda n: -sizes[n]), workers, stop=stop)
 
 
-def _unit_digests(granularity: str, chunk_size: int | None, copied: Mapping[str, _Copied]) -> dict[Unit, str | None]:
-    """The digest of every hashing unit (as ``core`` plans them) of the copied files."""
+def _unit_digests(hashing: Hashing, copied: Mapping[str, _Copied]) -> dict[Unit, str | None]:
+    """The digest of every hashing unit (as seal and verify plan them) of the copied files."""
     sizes = {name: c.size for name, c in sorted(copied.items())}
-    return {u: copied[u.name].unit_digests[u.index] for u in plan_units(granularity, sizes, chunk_size)}
+    return {u: copied[u.name].unit_digests[u.index] for u in plan_units(hashing.granularity, sizes, hashing.chunk_size)}
 
 
 # --------------------------------------------------------------------------- checks and helpers
@@ -346,7 +349,7 @@ def _load_manifest(side: _Side) -> tuple[bytes, Manifest]:
     try:
         raw = storage.read_file(side.fs, storage.join(side.root, MANIFEST_FILENAME))
     except OSError:
-        core.load_manifest(side.fs, side.root)  # raises the library's error for this case (not found, ...)
+        manifests.load_manifest(side.fs, side.root)  # raises the library's error for this case (not found, ...)
         raise
     try:
         return raw, Manifest.from_json(raw)
@@ -389,11 +392,13 @@ def _make_local_root(dst: _Side) -> None:
         storage.make_local_parent(dst.path(MANIFEST_FILENAME))
 
 
-def _copy_signature(src: _Side, dst: _Side) -> None:
-    """Carry ``model.sig`` along, unchanged (``verify(public_key=)`` checks it wherever it lands)."""
-    path = src.path(signing.SIGNATURE_FILENAME)
-    if storage.exists(src.fs, path):
-        storage.write_atomic(dst.fs, dst.path(signing.SIGNATURE_FILENAME), storage.read_file(src.fs, path))
+def _signature_of(src: _Side) -> bytes | None:
+    """The source's ``model.sig``, to carry along unchanged (``verify(public_key=)`` checks it
+    wherever it lands); ``None`` when it has none."""
+    try:
+        return storage.read_file(src.fs, src.path(signing.SIGNATURE_FILENAME))
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
 
 
 def _local_path(path: str | os.PathLike[str], what: str) -> str:

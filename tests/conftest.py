@@ -121,11 +121,49 @@ def _keep_every_byte_of_multipart_uploads() -> None:
     server._read_data = read_data
 
 
+def _honour_generation_preconditions() -> None:
+    """Make the GCS emulator answer ``ifGenerationMatch`` on object reads as GCS does.
+
+    GCS refuses a read whose ``ifGenerationMatch`` is not the object's generation now with 412
+    Precondition Failed; the emulator ignores the parameter and serves whatever it holds. Reads
+    pinned to a listed generation are tested against the former behaviour, so the fixture adds it
+    to the emulator's two object GET handlers (metadata and media), and nothing else.
+    """
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    def pinned(handler: Any) -> Any:
+        def handle(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+            wanted = (request.query.get("ifGenerationMatch") or [None])[0]
+            if wanted is not None:
+                try:
+                    obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+                except NotFound:
+                    obj = None
+                if obj is not None and str(obj.get("generation")) != str(wanted):
+                    response.status = HTTPStatus.PRECONDITION_FAILED
+                    response.json({"error": {"code": 412, "message": "conditionNotMet"}})
+                    return None
+            return handler(request, response, storage, *args, **kwargs)
+
+        handle.__wrapped__ = handler  # type: ignore[attr-defined]
+        return handle
+
+    for _regex, handlers in server.HANDLERS:
+        get = handlers.get(server.GET)
+        if get in (objects.get, objects.download):
+            handlers[server.GET] = pinned(get)
+
+
 @pytest.fixture(scope="session")
 def gcs_endpoint() -> Iterator[str]:
     from gcp_storage_emulator.server import create_server
 
     _keep_every_byte_of_multipart_uploads()
+    _honour_generation_preconditions()
     server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
     server.start()
     port = server._api._httpd.server_address[1]  # bound to port 0; the emulator has no public getter

@@ -130,7 +130,7 @@ def test_attested_is_ignored_for_local_files(tmp_path: object) -> None:
 def test_part_layout_follows_s3_limits(
     granularity: str, chunk_size: int | None, size: int, expected: int | None
 ) -> None:
-    from integrity_fs import _s3
+    from integrity_fs.storage import s3 as _s3
 
     assert _s3.part_layout(granularity, chunk_size, size) == expected
 

@@ -23,7 +23,8 @@ import pytest
 from conftest import Backend
 
 from integrity_fs import MANIFEST_FILENAME
-from integrity_fs.cli import build_storage_options, main, parse_option
+from integrity_fs.cli import main
+from integrity_fs.cli.args import build_storage_options, parse_option
 from integrity_fs.text import format_bytes, format_work, parse_size, short_digest
 
 TIMEOUT_S = 120
@@ -559,7 +560,7 @@ def test_library_file_not_found_maps_to_exit_4_with_a_path_hint(
     def missing(url: str, **kw: object) -> None:
         raise FileNotFoundError(f"no checkpoint at {url}")
 
-    monkeypatch.setattr("integrity_fs.cli.verify", missing)
+    monkeypatch.setattr("integrity_fs.cli.commands.verify", missing)
     proc = cli("verify", str(tmp_path / "typo"))
     assert proc.returncode == 4 and "check the path" in stderr_pair(proc)[1]
     remote = cli("verify", "s3://bucket/typo")
@@ -950,9 +951,14 @@ def test_signed_seal_catches_a_resealed_tampering(ckpt: Path, tmp_path: Path) ->
     assert wrong.returncode == 1 and "signed by another key" in wrong.stdout
     assert "changed after signing, or was signed by another key" in stderr_pair(wrong)[1]
 
+    signature = (ckpt / "model.sig").read_bytes()
     flip(ckpt / "model.bin", 10)  # the attack: change a shard, re-seal the manifest to match
-    assert cli("seal", str(ckpt), "--force").returncode == 0
+    resealed = cli("seal", str(ckpt), "--force")
+    assert resealed.returncode == 0 and "removed" in resealed.stderr and "model.sig" in resealed.stderr
     assert cli("verify", str(ckpt)).returncode == 0  # what a manifest alone cannot catch
+    unsigned = cli("verify", str(ckpt), "--public-key", str(keys.public))
+    assert unsigned.returncode == 1 and "not signed" in unsigned.stdout
+    (ckpt / "model.sig").write_bytes(signature)  # the attacker puts the old signature back
     caught = cli("verify", str(ckpt), "--public-key", str(keys.public), "--json")
     assert caught.returncode == 1
     report = json.loads(caught.stdout)

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTra
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp, storage
+from integrity_fs.dcp import streams as dcp_streams
 
 
 def _state() -> dict[str, Any]:
@@ -115,12 +116,12 @@ def test_hashing_stream_digests_any_write_pattern(
     monkeypatch: pytest.MonkeyPatch, chunk_size: int | None, seed: int
 ) -> None:
     """Small and large writes, across buffer and chunk boundaries, inline and on the helper thread."""
-    monkeypatch.setattr(dcp, "BACKGROUND_MIN_BYTES", 300)
-    monkeypatch.setattr(dcp, "PIECE_BYTES", 1000)
-    monkeypatch.setattr(dcp, "BUFFERS", 2)
+    monkeypatch.setattr(dcp_streams, "BACKGROUND_MIN_BYTES", 300)
+    monkeypatch.setattr(dcp_streams, "PIECE_BYTES", 1000)
+    monkeypatch.setattr(dcp_streams, "BUFFERS", 2)
     rng = random.Random(seed)
     raw = io.BytesIO()
-    stream = dcp._HashingStream(raw, "sha256", chunk_size)
+    stream = dcp_streams.HashingStream(raw, "sha256", chunk_size)
     for _ in range(60):
         stream.write(rng.randbytes(rng.choice([0, 1, 50, 299, 300, 999, 1000, 1001, 5000])))
     size, digests = stream.finish()
@@ -136,9 +137,9 @@ def test_chunks_of_one_stream_are_hashed_on_several_threads_in_bounded_buffers(
     monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
     """granularity="chunk": chunks hashed at once on HASH_THREADS threads, from at most BUFFERS each."""
-    monkeypatch.setattr(dcp, "BACKGROUND_MIN_BYTES", 1)
-    monkeypatch.setattr(dcp, "PIECE_BYTES", 1000)
-    monkeypatch.setattr(dcp, "HASH_THREADS", threads)
+    monkeypatch.setattr(dcp_streams, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(dcp_streams, "PIECE_BYTES", 1000)
+    monkeypatch.setattr(dcp_streams, "HASH_THREADS", threads)
     hashed_on: set[str] = set()
 
     class Recording:
@@ -152,10 +153,10 @@ def test_chunks_of_one_stream_are_hashed_on_several_threads_in_bounded_buffers(
         def hexdigest(self) -> str:
             return self._hasher.hexdigest()
 
-    monkeypatch.setattr(dcp, "new_hasher", lambda algorithm: Recording())
+    monkeypatch.setattr(dcp_streams, "new_hasher", lambda algorithm: Recording())
     data = random.Random(0).randbytes(100_000)
     raw = io.BytesIO()
-    stream = dcp._HashingStream(raw, "sha256", 4096)
+    stream = dcp_streams.HashingStream(raw, "sha256", 4096)
     for start in range(0, len(data), 30_000):
         stream.write(data[start : start + 30_000])
     size, digests = stream.finish()
@@ -164,7 +165,7 @@ def test_chunks_of_one_stream_are_hashed_on_several_threads_in_bounded_buffers(
     if threads == 1:
         return
     assert hashed_on == {f"integrity_fs-hash-{i}" for i in range(threads)}
-    assert stream._parallel is not None and stream._parallel._allocated <= dcp.BUFFERS * threads
+    assert stream._parallel is not None and stream._parallel._allocated <= dcp_streams.BUFFERS * threads
 
 
 @pytest.mark.parametrize("read_back", [None, "verify", "cat_file"], ids=["as-is", "verify-injected", "cat-injected"])
@@ -291,14 +292,14 @@ def test_file_rewritten_after_verification_is_not_loaded(
         shutil.copyfile(tmp_path / "other" / "__0_0.distcp", shard)  # same size, other tensors
 
     if when == "before":
-        verify_or_skip = dcp._verify_or_skip
+        verify_or_skip = dcp.verify_or_skip
 
         def verify_then_rewrite(*args: Any, **kwargs: Any) -> Any:
             report = verify_or_skip(*args, **kwargs)
             rewrite()
             return report
 
-        monkeypatch.setattr(dcp, "_verify_or_skip", verify_then_rewrite)
+        monkeypatch.setattr(dcp, "verify_or_skip", verify_then_rewrite)
     else:
         load = torch.load
 
@@ -494,7 +495,7 @@ def test_growing_sealing_writer_lays_out_what_it_can_and_streams_the_rest(
     s3_backend: Backend, monkeypatch: pytest.MonkeyPatch, case: str, granularity: str, chunk_size: int | None, size: int
 ) -> None:
     """The layouts a writer that does not know the size in advance (dcp.save) ends up with."""
-    from integrity_fs import _s3
+    from integrity_fs.storage import s3 as _s3
 
     monkeypatch.setattr(_s3, "SINGLE_PUT_LIMIT", 2 << 20)  # file granularity: one PUT up to 2 MiB here
     if case == "past 10,000 parts":

@@ -27,12 +27,12 @@ from integrity_fs import (
     IntegrityError,
     ManifestError,
     ManifestNotFoundError,
-    core,
     distributed,
     storage,
 )
 from integrity_fs.distributed import Failure, shard_units
 from integrity_fs.hashing import Unit
+from integrity_fs.verify import plan_verification
 
 MODES = ("sharded", "rank0")
 CHUNK = 256 * 1024
@@ -425,7 +425,7 @@ def test_sharded_mode_refuses_ranks_that_see_different_storage(hostile: tuple[Pa
 def plan_of(root: Path) -> list[Unit]:
     """The units a sharded verify of ``root`` splits over the ranks."""
     manifest = ifs.read_manifest(root)
-    return list(core.plan_verification(manifest, storage.list_files(*storage.resolve(root))).units)
+    return list(plan_verification(manifest, storage.list_files(*storage.resolve(root))).units)
 
 
 @pytest.mark.parametrize("name", ["NoSuchError", "UnicodeEncodeError", "UnicodeDecodeError", "print"])

@@ -222,7 +222,7 @@ def test_a_file_rewritten_while_it_is_sealed_is_never_sealed(tmp_path, granulari
                     os.replace(tmp_path / "w.tmp", path)
             super().relative_update(inc)
 
-    with pytest.raises(OSError, match=r"changed while sealing.*w\.bin"):
+    with pytest.raises(ifs.FileChangedError, match=r"w\.bin changed while it was read"):
         ifs.seal(tmp_path, granularity=granularity, chunk_size=chunk_size, max_workers=1, callback=Rewriter())
     assert not (tmp_path / MANIFEST_FILENAME).exists()
     ifs.seal(tmp_path, granularity=granularity, chunk_size=chunk_size)  # once nothing writes, it seals

@@ -19,6 +19,7 @@ from fsspec.callbacks import Callback
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, ManifestError, ManifestNotFoundError
 from integrity_fs.cli import main as cli_main
+from integrity_fs.seal import MAX_CHUNKS_PER_FILE
 
 DIGEST = "0" * 64
 
@@ -197,7 +198,7 @@ def test_a_chunk_size_that_would_cut_a_file_into_millions_of_chunks_is_refused_b
     big = tmp_path / "ckpt" / "model.bin"
     big.parent.mkdir()
     with open(big, "wb") as f:
-        f.truncate(ifs.core.MAX_CHUNKS_PER_FILE * 64 + 1)  # sparse: nothing is read before the refusal
+        f.truncate(MAX_CHUNKS_PER_FILE * 64 + 1)  # sparse: nothing is read before the refusal
     (tmp_path / "ckpt" / "small.bin").write_bytes(b"s")
     started = time.perf_counter()
     with pytest.raises(ValueError, match=r"chunk_size=64 would cut 'model\.bin' .* 1,000,001 chunks"):

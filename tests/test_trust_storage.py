@@ -98,42 +98,67 @@ class _GrowWhenHashingStarts(Callback):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("granularity", ["file", "chunk"])
-def test_a_file_that_grew_after_the_listing_is_a_size_problem(backend: Backend, granularity):
+@pytest.mark.parametrize("change", ["grew", "shrank"])
+def test_a_file_that_changed_size_after_the_listing_is_a_file_changed_error(backend: Backend, granularity, change):
+    """Every read is pinned to the version the listing saw (S3 ETag, GCS generation, local
+    identity, the memory store's creation time): a file rewritten longer or shorter after the
+    listing is never judged from a mix of versions, and never passes."""
     data = os.urandom(2500)
     backend.write("a.bin", data)
     backend.write("b.bin", b"steady")
     chunk_size = 1000 if granularity == "chunk" else None
     ifs.seal(backend.url, storage_options=backend.storage_options, granularity=granularity, chunk_size=chunk_size)
 
-    grown = _GrowWhenHashingStarts(lambda: backend.write("a.bin", data + b"appended"))
-    with pytest.raises(IntegrityError) as err:
-        ifs.verify(backend.url, storage_options=backend.storage_options, callback=grown)
-    assert _problems(err) == {"a.bin": ("size", 2500, 2508)}
+    new = data + b"appended" if change == "grew" else data[:1700]
+    changed = _GrowWhenHashingStarts(lambda: backend.write("a.bin", new))
+    with pytest.raises(ifs.FileChangedError, match=r"a\.bin changed while it was read"):
+        ifs.verify(backend.url, storage_options=backend.storage_options, callback=changed)
+
+
+class _Unversioned(MemoryFileSystem):  # type: ignore[misc]
+    """A store that lists no version of any kind (no ETag, generation or modification time)."""
+
+    protocol = "unversioned"
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return {k: v for k, v in super().info(path, **kwargs).items() if k != "created"}
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        out = super().ls(path, detail=detail, **kwargs)
+        return [{k: v for k, v in entry.items() if k != "created"} for entry in out] if detail else out
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, **kwargs: Any) -> Any:
+        out = super().find(path, maxdepth=maxdepth, withdirs=withdirs, **kwargs)
+        if kwargs.get("detail"):
+            return {name: {k: v for k, v in entry.items() if k != "created"} for name, entry in out.items()}
+        return out
 
 
 @pytest.mark.parametrize("granularity", ["file", "chunk"])
-def test_a_file_that_shrank_after_the_listing_is_a_size_problem(backend: Backend, granularity):
-    """The store confirms the file is shorter now: its content is not what was sealed, a "size"
-    problem (not a storage failure retried into an OSError)."""
+def test_on_a_store_without_versions_a_file_that_changed_size_is_a_size_problem(granularity):
+    """Nothing to pin to: each read still confirms the end of the file, and the store's size now
+    says shorter; either way a "size" problem, never an OK."""
+    fs = _Unversioned(skip_instance_cache=True)
+    root = f"/unversioned-{os.getpid()}-{granularity}"
     data = os.urandom(2500)
-    backend.write("a.bin", data)
-    backend.write("b.bin", b"steady")
+    fs.pipe_file(f"{root}/a.bin", data)
     chunk_size = 1000 if granularity == "chunk" else None
-    ifs.seal(backend.url, storage_options=backend.storage_options, granularity=granularity, chunk_size=chunk_size)
+    ifs.seal(root, fs=fs, granularity=granularity, chunk_size=chunk_size)
+    for new, size in ((data + b"appended", 2508), (data[:1700], 1700)):
+        changed = _GrowWhenHashingStarts(lambda new=new: fs.pipe_file(f"{root}/a.bin", new))
+        with pytest.raises(IntegrityError) as err:
+            ifs.verify(root, fs=fs, callback=changed)
+        assert _problems(err) == {"a.bin": ("size", 2500, size)}
+        fs.pipe_file(f"{root}/a.bin", data)
+    fs.rm(root, recursive=True)
 
-    shrunk = _GrowWhenHashingStarts(lambda: backend.write("a.bin", data[:1700]))
-    with pytest.raises(IntegrityError) as err:
-        ifs.verify(backend.url, storage_options=backend.storage_options, callback=shrunk)
-    assert _problems(err) == {"a.bin": ("size", 2500, 1700)}
 
-
-def test_an_empty_file_that_grew_after_the_listing_is_a_size_problem(tmp_path):
+def test_an_empty_file_that_grew_after_the_listing_is_a_file_changed_error(tmp_path):
     (tmp_path / "empty.bin").write_bytes(b"")
     ifs.seal(tmp_path)
     grown = _GrowWhenHashingStarts(lambda: (tmp_path / "empty.bin").write_bytes(b"now full"))
-    with pytest.raises(IntegrityError) as err:
+    with pytest.raises(ifs.FileChangedError, match=r"empty\.bin"):
         ifs.verify(tmp_path, callback=grown)
-    assert _problems(err) == {"empty.bin": ("size", 0, 8)}
 
 
 def test_seal_refuses_a_file_that_grew_while_it_was_read(tmp_path):

@@ -2,8 +2,8 @@
 OpenSSF model_signing bundles, read into a :class:`~integrity_fs.Manifest` so that one verifier
 checks them all; and this project's manifests written out as ``sha256sum`` or Megatron files.
 
-:func:`load` and :func:`dump` are pure (bytes in, bytes out). :func:`read_manifest_file` reads a
-manifest named by path or URL, relative to a checkpoint root or not, through :mod:`storage`.
+:func:`load` and :func:`dump` are pure (bytes in, bytes out); reading a manifest file from storage is
+``integrity_fs.manifests``' job.
 
 What each format proves is the digests it lists, no more: a model_signing bundle's signature is
 not checked here (that is ``model_signing verify``), and Megatron lists top-level files only.
@@ -11,24 +11,19 @@ not checked here (that is ``model_signing verify``), and Megatron lists top-leve
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import os
 import re
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
-import fsspec
+from .. import signing
+from ..errors import ManifestError
+from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
 
-from . import signing, storage
-from .errors import ManifestError, ManifestNotFoundError
-from .manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
-
-__all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load", "read_manifest_file"]
+__all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
 
 log = logging.getLogger("integrity_fs")
-T = TypeVar("T")
 
 #: What :func:`load` reads (``"auto"`` detects which by content).
 FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_signing")
@@ -217,82 +212,3 @@ _READERS: dict[str, Callable[[bytes], Manifest]] = {
     "sha256sum": _read_sha256sum,
     "model_signing": _read_model_signing,
 }
-
-
-# --- reading a manifest file -------------------------------------------------------------------
-
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def read_manifest_file(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    source: str | os.PathLike[str],
-    *,
-    format: str = "auto",
-) -> tuple[Manifest, str | None]:
-    """The manifest in the file ``source`` for the checkpoint at ``root`` on ``fs``, and the
-    name relative to ``root`` of that file when it lies inside the root (``None`` otherwise),
-    so that the caller neither hashes it nor counts it as extra.
-
-    A relative name resolves inside the root (``"integrity.json"``). A URL is read as is, through
-    ``fs`` when it has ``fs``'s protocol (same store, same options); an absolute path without a
-    protocol is a local path. ``ManifestNotFoundError`` when the file is not there.
-    """
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"manifest must be a Manifest, a path or a URL, not {type(source).__name__}")
-    text = os.fspath(source)
-    if not text:
-        raise ValueError("manifest path is empty")
-    name: str | None
-    if _URL.match(text) or os.path.isabs(text):
-        same_store = _URL.match(text) is not None and text.split("://", 1)[0] in _protocols(fs)
-        mfs, path = storage.resolve(text, fs=fs) if same_store else storage.resolve(text)
-        prefix = root.rstrip("/") + "/"
-        same_fs = mfs is fs or (storage.is_local(mfs) and storage.is_local(fs))
-        name = path[len(prefix) :] if same_fs and path.startswith(prefix) else None
-        where = storage.describe(mfs, path)
-    else:
-        name = text
-        while name.startswith("./"):
-            name = name[2:]
-        if name != MANIFEST_FILENAME:
-            try:
-                check_name(name)
-            except ManifestError as exc:
-                raise ValueError(
-                    f"manifest {text!r} is not a name inside the checkpoint ({exc}); pass an absolute path or a URL"
-                ) from None
-        mfs, path = fs, storage.join(root, name)
-        where = f"{storage.describe(fs, root)}/{name}"
-    try:
-        raw = storage.read_file(mfs, path)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        if name is not None:
-            storage.list_files(fs, root)  # a root that is not there is "no checkpoint", not "no manifest"
-        raise ManifestNotFoundError(f"no manifest file at {where}") from exc
-    except IsADirectoryError as exc:
-        raise ManifestError(f"{where} is a directory, not a manifest") from exc
-    try:
-        manifest = load(raw, format)
-    except ManifestError as exc:
-        raise ManifestError(f"{where}: {exc}") from exc
-    if name is not None and name in manifest.files:
-        # `sha256sum * > SUMS` run twice, model_signing's Python API re-signing into the model.
-        log.warning("%s lists itself: that entry is left out (no file holds its own digest)", where)
-        manifest = _without(manifest, name)
-    return manifest, name
-
-
-def _without(manifest: Manifest, name: str) -> Manifest:
-    def drop(mapping: Mapping[str, T] | None) -> dict[str, T] | None:
-        return None if mapping is None else {k: v for k, v in mapping.items() if k != name}
-
-    return dataclasses.replace(
-        manifest, files=drop(manifest.files) or {}, sizes=drop(manifest.sizes), chunks=drop(manifest.chunks)
-    )
-
-
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)

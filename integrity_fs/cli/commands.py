@@ -18,8 +18,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from . import __version__, checkpoints, demo, formats, signing, storage, transfer
-from .cli_args import (
+from .. import __version__, checkpoints, formats, signing, storage, transfer
+from ..manifest import MANIFEST_FILENAME
+from ..manifests import read_manifest
+from ..seal import seal, sign
+from ..text import format_work
+from ..verify import verify
+from . import demo
+from .args import (
     add_common_options,
     build_storage_options,
     copy_arguments,
@@ -38,8 +44,8 @@ from .cli_args import (
     upload_arguments,
     verify_arguments,
 )
-from .cli_errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedError, UsageError, report_error
-from .cli_output import (
+from .errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedError, UsageError, report_error
+from .output import (
     failure,
     print_manifest,
     print_status,
@@ -51,9 +57,6 @@ from .cli_output import (
     signed_note,
     write_bytes,
 )
-from .core import read_manifest, seal, sign, verify
-from .manifest import MANIFEST_FILENAME
-from .text import format_work
 
 __all__ = ["COMMANDS", "Command", "build_parser", "build_storage_options", "main", "parse_option"]
 

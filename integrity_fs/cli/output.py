@@ -16,12 +16,32 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from .checkpoints import CheckpointStatus
-from .errors import IntegrityError, SignatureError
-from .manifest import MANIFEST_FILENAME, Manifest
-from .report import Report, printable
-from .signing import SIGNATURE_FILENAME
-from .text import describe_problem, extra_note, format_bytes, format_work, name_problems
+from ..checkpoints import CheckpointStatus
+from ..errors import IntegrityError, SignatureError
+from ..manifest import MANIFEST_FILENAME, Manifest
+from ..report import Report, printable
+from ..signing import SIGNATURE_FILENAME
+from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems
+
+__all__ = [
+    "LARGEST_SHOWN",
+    "Run",
+    "failure",
+    "print_failure",
+    "print_json",
+    "print_manifest",
+    "print_status",
+    "print_transferred",
+    "print_verify_report",
+    "print_written",
+    "progress",
+    "progress_bar",
+    "running",
+    "signed_note",
+    "status_verdict",
+    "verify_notes",
+    "write_bytes",
+]
 
 #: How many of the largest files ``show`` lists.
 LARGEST_SHOWN = 5

@@ -1,15 +1,13 @@
-"""Signatures over a manifest's digests, in the format OpenSSF model_signing writes with a key.
+"""model.sig as OpenSSF model_signing writes it with a key: a Sigstore bundle (media type v0.3)
+holding a DSSE envelope over an in-toto v1 statement whose predicate
+(``https://model_signing/signature/v1.0``) lists every signed resource with its digest; the
+subject's digest is the SHA-256 of the resources' raw digests, in order.
 
-``model.sig`` is a Sigstore bundle (media type v0.3) holding a DSSE envelope over an in-toto v1
-statement whose predicate (``https://model_signing/signature/v1.0``) lists every signed resource
-with its digest; the subject's digest is the SHA-256 of the resources' raw digests, in order.
 File granularity is model_signing's ``files`` serialization (one resource per file, its SHA-256:
 our file digest). Chunk granularity is its ``shards`` serialization with ``shard_size =
-chunk_size`` (one resource ``name:start:end`` per chunk: our chunk digests; empty files have no
-shard and are not signed).
+chunk_size`` (one resource ``name:start:end`` per chunk: our chunk digests).
 
-Pure: bytes in, bytes out. Reading and writing ``model.sig`` is ``core``'s job. The signature
-itself is ECDSA through ``cryptography`` (extra ``sign``), imported when a key is used.
+Pure: bytes in, bytes out. The one parser of bundles (``formats`` reads them too).
 """
 
 from __future__ import annotations
@@ -19,39 +17,53 @@ import binascii
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any
 
-from .errors import ManifestError, SignatureError
-from .hashing import chunk_count, chunk_range, combine_chunk_digests
-from .manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
-from .report import SIGNATURE_FILENAME as SIGNATURE_FILENAME
-from .report import Problem
+from ..errors import ManifestError, SignatureError
+from ..hashing import chunk_count, chunk_range, combine_chunk_digests
+from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
+from ..report import SIGNATURE_FILENAME
+from .keys import PrivateKey, PublicKey, ecdsa, key_hint, load_private_key, load_public_key
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 
+__all__ = [
+    "BUNDLE_MEDIA_TYPE",
+    "IGNORE_PATHS",
+    "PAYLOAD_TYPE",
+    "PREDICATE_TYPE",
+    "STATEMENT_TYPE",
+    "Signed",
+    "check_shard_names",
+    "check_signable",
+    "open_bundle",
+    "pae",
+    "read_envelope",
+    "read_statement",
+    "resources",
+    "shard_order",
+    "sign",
+    "signed_manifest",
+    "statement",
+]
 
 log = logging.getLogger("integrity_fs")
 
-INSTALL_HINT = "pip install 'integrity-fs[sign]'"
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 
 #: Files model_signing's verifier must not hash: our manifest and the signature itself.
 IGNORE_PATHS = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
-_CURVES = {"secp256r1": "SHA256", "secp384r1": "SHA384", "secp521r1": "SHA512"}
-_MAX_LISTED = 10
-
-#: A PEM file path, PEM bytes, or a ``cryptography`` key object.
-PrivateKey: TypeAlias = "str | os.PathLike[str] | bytes | EllipticCurvePrivateKey"
-PublicKey: TypeAlias = "str | os.PathLike[str] | bytes | EllipticCurvePublicKey"
 
 
 @dataclass(frozen=True)
@@ -68,99 +80,9 @@ class Signed:
     model_name: str
 
 
-# --- keys ----------------------------------------------------------------------------------------
-
-
-def _crypto() -> Any:
-    try:
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-    except ImportError as exc:
-        raise ImportError(f"signatures need the cryptography package: {INSTALL_HINT}") from exc
-    return hashes, serialization, ec
-
-
-def _pem(key: str | os.PathLike[str] | bytes) -> bytes:
-    """PEM bytes, read from a local key file (a missing key file is a bad argument: ``ValueError``)."""
-    if isinstance(key, bytes):
-        return key
-    try:
-        with open(key, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read the key file {os.fspath(key)!r}: {exc}") from exc
-
-
-def load_private_key(key: PrivateKey) -> EllipticCurvePrivateKey:
-    """An EC private key from a PEM file path, PEM bytes, or a ``cryptography`` key (returned as is).
-
-    Only unencrypted keys on the curves model_signing supports (P-256, P-384, P-521).
-    """
-    _hashes, serialization, ec = _crypto()
-    if isinstance(key, ec.EllipticCurvePrivateKey):
-        private = key
-    elif isinstance(key, (str, os.PathLike, bytes)):
-        pem = _pem(key)
-        try:
-            private = serialization.load_pem_private_key(pem, password=None)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"cannot load the private key {_name(key)}: {exc}") from exc
-    else:
-        raise TypeError(f"private_key must be a PEM path or an EC private key, not {type(key).__name__}")
-    if not isinstance(private, ec.EllipticCurvePrivateKey):
-        raise ValueError(f"the private key {_name(key)} is not an elliptic-curve key")
-    _check_curve(private.curve.name)
-    return cast("EllipticCurvePrivateKey", private)
-
-
-def load_public_key(key: PublicKey) -> EllipticCurvePublicKey:
-    """An EC public key from a PEM file path, PEM bytes, or a ``cryptography`` key (returned as is)."""
-    _hashes, serialization, ec = _crypto()
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        public = key
-    elif isinstance(key, (str, os.PathLike, bytes)):
-        pem = _pem(key)
-        try:
-            public = serialization.load_pem_public_key(pem)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"cannot load the public key {_name(key)}: {exc}") from exc
-    else:
-        raise TypeError(f"public_key must be a PEM path or an EC public key, not {type(key).__name__}")
-    if not isinstance(public, ec.EllipticCurvePublicKey):
-        raise ValueError(f"the public key {_name(key)} is not an elliptic-curve key")
-    _check_curve(public.curve.name)
-    return cast("EllipticCurvePublicKey", public)
-
-
-def _name(key: object) -> str:
-    return (
-        "(PEM bytes)" if isinstance(key, bytes) else repr(os.fspath(key)) if isinstance(key, (str, os.PathLike)) else ""
-    )
-
-
-def _check_curve(curve: str) -> None:
-    if curve not in _CURVES:
-        raise ValueError(f"unsupported curve {curve!r} (model_signing supports {', '.join(_CURVES)})")
-
-
-def _key_hint(public: EllipticCurvePublicKey) -> str:
-    """model_signing's key identifier: the SHA-256 of the public key's PEM (SubjectPublicKeyInfo)."""
-    _hashes, serialization, _ec = _crypto()
-    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(pem).hexdigest()
-
-
-def _ecdsa(curve: str) -> Any:
-    hashes, _serialization, ec = _crypto()
-    return ec.ECDSA(getattr(hashes, _CURVES[curve])())
-
-
 def pae(payload: bytes) -> bytes:
     """DSSE's pre-authentication encoding of an in-toto payload: the bytes actually signed."""
     return b"DSSEv1 %d %s %d " % (len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), len(payload)) + payload
-
-
-# --- manifest -> resources -> bundle ------------------------------------------------------------
 
 
 def check_signable(algorithm: str, granularity: str) -> None:
@@ -211,7 +133,7 @@ def _file_order(name: str) -> tuple[str, ...]:
     return tuple(name.split("/"))
 
 
-def _shard_order(name: str) -> tuple[tuple[str, ...], int, int]:
+def shard_order(name: str) -> tuple[tuple[str, ...], int, int]:
     """model_signing's order of shards: by file, then offsets."""
     path, start, end = name.rsplit(":", 2)
     return _file_order(path), int(start), int(end)
@@ -220,7 +142,7 @@ def _shard_order(name: str) -> tuple[tuple[str, ...], int, int]:
 def statement(manifest: Manifest, model_name: str) -> bytes:
     """The in-toto statement model_signing would sign for ``manifest`` (its JSON layout, too)."""
     by_name = resources(manifest)
-    order = _file_order if manifest.granularity == "file" else _shard_order
+    order = _file_order if manifest.granularity == "file" else shard_order
     algorithm = "sha256" if manifest.granularity == "file" else f"sha256-sharded-{manifest.chunk_size}"
     listed = [{"name": n, "algorithm": algorithm, "digest": by_name[n]} for n in sorted(by_name, key=order)]
     serialization: dict[str, Any] = {"method": "files" if manifest.granularity == "file" else "shards"}
@@ -244,10 +166,10 @@ def sign(manifest: Manifest, private_key: PrivateKey, model_name: str) -> bytes:
     """
     key = load_private_key(private_key)
     payload = statement(manifest, model_name)
-    signature = key.sign(pae(payload), _ecdsa(key.curve.name))
+    signature = key.sign(pae(payload), ecdsa(key.curve.name))
     bundle = {
         "mediaType": BUNDLE_MEDIA_TYPE,
-        "verificationMaterial": {"publicKey": {"hint": _key_hint(key.public_key())}, "tlogEntries": []},
+        "verificationMaterial": {"publicKey": {"hint": key_hint(key.public_key())}, "tlogEntries": []},
         "dsseEnvelope": {
             "payload": base64.b64encode(payload).decode("ascii"),
             "payloadType": PAYLOAD_TYPE,
@@ -255,9 +177,6 @@ def sign(manifest: Manifest, private_key: PrivateKey, model_name: str) -> bytes:
         },
     }
     return json.dumps(bundle, separators=(",", ":")).encode("utf-8")
-
-
-# --- bundle -> statement -> resources: the one model_signing parser (formats reads bundles too) --
 
 
 def read_envelope(data: bytes) -> tuple[dict[str, Any], bytes]:
@@ -332,9 +251,11 @@ def read_statement(payload: bytes) -> Signed:
 
 
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
 # ASCII digits only (``\d`` takes any script's, which ``int`` converts), and at most 20 of them: no
 # byte offset has more, and ``int`` refuses strings of over 4300 digits with a plain ValueError.
 _SHARD_ALGORITHM = re.compile(r"sha256-sharded-([0-9]{1,20})(?:\.0)?")
+
 _SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>[0-9]{1,20}):(?P<end>[0-9]{1,20})", re.DOTALL)
 
 
@@ -416,9 +337,6 @@ def signed_manifest(signed: Signed) -> Manifest:
     return Manifest(files=files, sizes=size_of, granularity="chunk", chunk_size=signed.shard_size, chunks=chunks)
 
 
-# --- bundle -> verified resources ---------------------------------------------------------------
-
-
 def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Signed:
     """Check that ``data`` (``model.sig`` bytes) is signed by ``public_key``; what it covers.
 
@@ -445,7 +363,7 @@ def _open_bundle(data: bytes, key: EllipticCurvePublicKey, location: str) -> Sig
     if not isinstance(material, dict):
         raise SignatureError(f"{where} has no verificationMaterial", location=location)
     hint = material.get("publicKey", {}).get("hint")  # not a dict: AttributeError, "malformed"
-    if hint and hint != _key_hint(key):
+    if hint and hint != key_hint(key):
         raise SignatureError(f"{where} was signed by another key (key hint {hint})", location=location)
     signatures = bundle["dsseEnvelope"].get("signatures")
     if not isinstance(signatures, list) or not signatures or not isinstance(signatures[0], dict):
@@ -454,103 +372,9 @@ def _open_bundle(data: bytes, key: EllipticCurvePublicKey, location: str) -> Sig
     from cryptography.exceptions import InvalidSignature
 
     try:
-        key.verify(raw, pae(payload), _ecdsa(key.curve.name))
+        key.verify(raw, pae(payload), ecdsa(key.curve.name))
     except InvalidSignature as exc:
         raise SignatureError(
             f"{where}: the signature does not verify with the given public key", location=location
         ) from exc
     return read_statement(payload)
-
-
-# --- signed resources vs a manifest -------------------------------------------------------------
-
-
-def to_manifest(signed: Signed, *, location: str = "") -> Manifest:
-    """:func:`signed_manifest`, for a checkpoint whose signature stands in for its manifest:
-    ``SignatureError`` when the signed shards are not a chunk manifest."""
-    try:
-        return signed_manifest(signed)
-    except ManifestError as exc:
-        raise SignatureError(f"the signed {exc}", location=location) from exc
-
-
-def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Problem]]:
-    """How the signed digests differ from ``manifest``'s: lines for a message, and problems.
-
-    Problems name files: ``"extra"`` signed but not in the manifest, ``"missing"`` in the manifest
-    but not signed, ``"mismatch"`` signed with other digests (``expected`` the signed digest,
-    ``actual`` the manifest's; ``byte_ranges`` the chunks that differ).
-    """
-    method = "files" if manifest.granularity == "file" else "shards"
-    if manifest.algorithm != "sha256" or signed.method != method or signed.shard_size != manifest.chunk_size:
-        shape = f"{signed.method} of {signed.shard_size} bytes" if signed.shard_size else signed.method
-        mine = (
-            f"chunks of {manifest.chunk_size} bytes" if manifest.chunk_size else f"{manifest.granularity} granularity"
-        )
-        line = f"the signature covers {shape} but the manifest has {manifest.algorithm} {mine}"
-        return [line], [Problem(SIGNATURE_FILENAME, "mismatch", expected=shape, actual=mine)]
-    try:
-        mine_res = resources(manifest)
-    except ValueError as exc:  # a name model_signing cannot sign: no signature covers this manifest
-        return [str(exc)], [Problem(SIGNATURE_FILENAME, "mismatch")]
-    if signed.method == "files":
-        ours: dict[str, dict[str, str]] = {n: {n: d} for n, d in mine_res.items()}
-        theirs: dict[str, dict[str, str]] = {n: {n: d} for n, d in signed.resources.items()}
-    else:
-        ours, theirs = _group_shards(mine_res), _group_shards(signed.resources)
-        for name in manifest.files:  # empty files are in the manifest, and rightly not signed
-            if manifest.sizes is not None and manifest.sizes[name] == 0:
-                ours.setdefault(name, {})
-                theirs.setdefault(name, {})
-    lines: list[str] = []
-    problems: list[Problem] = []
-    for name in sorted(set(ours) | set(theirs)):
-        if name not in ours:
-            lines.append(f"{name}: signed but not in the manifest")
-            problems.append(Problem(name, "extra"))
-        elif name not in theirs:
-            lines.append(f"{name}: in the manifest but not signed")
-            problems.append(Problem(name, "missing", expected=manifest.files[name]))
-        elif ours[name] != theirs[name]:
-            ranges = (
-                tuple(
-                    _range(r)
-                    for r in sorted(set(ours[name]) | set(theirs[name]), key=_shard_order)
-                    if ours[name].get(r) != theirs[name].get(r)
-                )
-                if signed.method == "shards"
-                else ()
-            )
-            signed_digest = _file_digest(signed, name, theirs[name])
-            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in ranges) if ranges else ""
-            lines.append(f"{name}: signed digest differs from the manifest's{where}")
-            problems.append(
-                Problem(name, "mismatch", expected=signed_digest, actual=manifest.files[name], byte_ranges=ranges)
-            )
-    return lines, problems
-
-
-def _group_shards(by_name: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
-    for name, digest in by_name.items():
-        out.setdefault(name.rsplit(":", 2)[0], {})[name] = digest
-    return out
-
-
-def _range(shard: str) -> tuple[int, int]:
-    _path, start, end = shard.rsplit(":", 2)
-    return int(start), int(end)
-
-
-def _file_digest(signed: Signed, name: str, shards: Mapping[str, str]) -> str | None:
-    if signed.method == "files":
-        return shards[name]
-    ordered = [shards[s] for s in sorted(shards, key=_shard_order)]
-    return combine_chunk_digests("sha256", ordered) if ordered else None
-
-
-def describe_differences(lines: list[str]) -> str:
-    shown = lines[:_MAX_LISTED]
-    if len(lines) > _MAX_LISTED:
-        shown.append(f"... and {len(lines) - _MAX_LISTED} more")
-    return "the signed digests differ from the manifest's: " + "; ".join(shown)

@@ -17,11 +17,19 @@ from typing import IO, Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from . import storage
-from .core import verify
-from .errors import IntegrityError
-from .text import describe_problem, format_work
-from .transfer import download, upload
+from .. import storage
+from ..errors import IntegrityError
+from ..text import describe_problem, format_work
+from ..transfer import download, upload
+from ..verify import verify
+
+__all__ = [
+    "DEMO_CHUNK_SIZE",
+    "DEMO_URL",
+    "ProgressFactory",
+    "no_progress",
+    "run",
+]
 
 DEMO_URL = "s3://demo-bucket/run/step_1000"
 DEMO_CHUNK_SIZE = 1024 * 1024

@@ -10,11 +10,41 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import formats, signing
-from .cli_errors import KeyFileError, UsageError
-from .hashing import ALGORITHMS, DEFAULT_ALGORITHM, GRANULARITIES
-from .manifest import MANIFEST_FILENAME
-from .text import parse_size
+from .. import formats, signing
+from ..hashing import ALGORITHMS, DEFAULT_ALGORITHM, GRANULARITIES
+from ..manifest import MANIFEST_FILENAME
+from ..text import parse_size
+from .errors import KeyFileError, UsageError
+
+__all__ = [
+    "add_algorithm",
+    "add_common_options",
+    "add_force",
+    "add_granularity_options",
+    "add_json",
+    "add_public_key",
+    "add_sign_key",
+    "build_storage_options",
+    "byte_size",
+    "copy_arguments",
+    "download_arguments",
+    "export_arguments",
+    "granularity_of",
+    "latest_arguments",
+    "options_of",
+    "parse_option",
+    "positive_int",
+    "private_key_of",
+    "public_key_of",
+    "root_argument",
+    "seal_arguments",
+    "show_arguments",
+    "sign_arguments",
+    "status_arguments",
+    "upload_arguments",
+    "url_argument",
+    "verify_arguments",
+]
 
 
 def parse_option(text: str) -> tuple[tuple[str, ...], Any]:

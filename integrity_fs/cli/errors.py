@@ -11,9 +11,25 @@ import errno
 import sys
 import traceback
 
-from .cli_output import print_json
-from .errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
-from .text import name_problems
+from ..errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from ..text import name_problems
+from .output import print_json
+
+__all__ = [
+    "EXIT_INTEGRITY",
+    "EXIT_MANIFEST",
+    "EXIT_OK",
+    "EXIT_STORAGE",
+    "EXIT_USAGE",
+    "EXTRAS",
+    "PROG",
+    "KeyFileError",
+    "NoneVerifiedError",
+    "UsageError",
+    "describe_error",
+    "exit_code_for",
+    "report_error",
+]
 
 PROG = "integrity-fs"
 

@@ -6,6 +6,9 @@ multipart upload keeps the SHA-256 of the parts' raw SHA-256 digests, with ``-N`
 (a composite checksum). With parts of exactly ``chunk_size`` bytes that composite is the file
 digest of a chunk manifest, so a store checksum can attest a file without reading it.
 
+Reads are pinned to the ETag their listing saw (``IfMatch``): an object replaced since then is
+refused by S3 (412) and raises ``FileChangedError``, never served.
+
 Only ``storage`` imports this module; it talks to S3 through s3fs's ``_call_s3``.
 """
 
@@ -21,6 +24,19 @@ from typing import Any
 
 import fsspec
 from fsspec.asyn import _run_coros_in_chunks, sync
+
+from ..errors import FileChangedError
+
+__all__ = [
+    "ChecksummedUpload",
+    "RangeStream",
+    "StoreChecksum",
+    "bucket_and_key",
+    "head_size",
+    "is_s3",
+    "part_layout",
+    "store_checksums",
+]
 
 #: Largest file of file granularity sent in one PUT, so that S3 keeps its full SHA-256.
 SINGLE_PUT_LIMIT = 64 * 1024 * 1024
@@ -76,12 +92,50 @@ def bucket_and_key(fs: fsspec.AbstractFileSystem, path: str) -> tuple[str, str]:
     return bucket, key + mark + tail
 
 
-async def head_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
-    """The size of the object at ``path`` as S3 says now (one HEAD, no cache)."""
+async def head_size(fs: fsspec.AbstractFileSystem, path: str, etag: str | None = None) -> int:
+    """The size of the object at ``path`` as S3 says now (one HEAD, no cache); with ``etag``, of
+    that version only (``FileChangedError`` when the object is another one now)."""
     bucket, key = bucket_and_key(fs, path)
     fs_: Any = fs
-    out = await fs_._call_s3("head_object", Bucket=bucket, Key=key)
+    with _pinned(path, etag):
+        out = await fs_._call_s3("head_object", Bucket=bucket, Key=key, **_if_match(etag))
     return int(out["ContentLength"])
+
+
+def _if_match(etag: str | None) -> dict[str, str]:
+    return {"IfMatch": etag} if etag else {}
+
+
+class _pinned:
+    """Turns S3's answer to a failed ``IfMatch`` (412 PreconditionFailed, which s3fs raises as an
+    ``OSError`` with the ``ClientError`` as its cause) into ``FileChangedError``."""
+
+    def __init__(self, path: str, etag: str | None) -> None:
+        self._path, self._etag = path, etag
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self._etag and isinstance(exc, OSError) and _precondition_failed(exc):
+            raise FileChangedError(
+                f"{self._path} changed while it was read (S3 holds another version than the ETag {self._etag} listed)",
+                (self._path,),
+            ) from exc
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    link: BaseException | None = exc
+    for _ in range(4):
+        if link is None:
+            return False
+        response = getattr(link, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return error.get("Code") in ("PreconditionFailed", "412") or status == 412
+        link = link.__cause__ or link.__context__
+    return False
 
 
 def _b64(hexdigest: str) -> str:
@@ -219,13 +273,15 @@ class RangeStream:
     The async-file shape ``storage`` streams from (``read(n)``, ``close()``). ``total_size`` is
     the object's size when the request was answered (from ``Content-Range``), so the end of a
     file can be confirmed without reading past the range. An empty range is no GET: ``open()``
-    asks for the size (a HEAD) and ``read`` gives nothing.
+    asks for the size (a HEAD) and ``read`` gives nothing. With ``etag`` every request is pinned
+    to that version (``FileChangedError`` once the object is another).
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, etag: str | None = None) -> None:
         assert end >= start >= 0
         self._fs: Any = fs
         self._path = path
+        self._etag = etag
         self._range = f"bytes={start}-{end - 1}"
         self._empty = end == start
         self.r: Any = None  # the response body, as s3fs's streamed file calls it
@@ -233,7 +289,7 @@ class RangeStream:
 
     async def open(self) -> RangeStream:
         if self._empty:
-            self.total_size = await head_size(self._fs, self._path)
+            self.total_size = await head_size(self._fs, self._path, self._etag)
         return self
 
     async def read(self, n: int = -1) -> bytes:
@@ -241,7 +297,10 @@ class RangeStream:
             return b""
         if self.r is None:
             bucket, key = bucket_and_key(self._fs, self._path)
-            out = await self._fs._call_s3("get_object", Bucket=bucket, Key=key, Range=self._range)
+            with _pinned(self._path, self._etag):
+                out = await self._fs._call_s3(
+                    "get_object", Bucket=bucket, Key=key, Range=self._range, **_if_match(self._etag)
+                )
             content_range = str(out.get("ContentRange") or "")
             total = content_range.rpartition("/")[2]
             self.total_size = int(total) if total.isdigit() else None

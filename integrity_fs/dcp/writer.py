@@ -1,0 +1,262 @@
+"""The writer side of ``dcp.save``: DCP's ``FsspecWriter`` whose streams hash what they write, and
+a coordinator that seals the checkpoint once every rank's digests are in.
+
+Internal: the public names are re-exported by ``integrity_fs.dcp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .. import manifests, signing, storage
+from ..collectives import INSTALL_HINT
+from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, chunk_range
+from ..manifest import Manifest
+from ..options import Hashing
+from ..seal import build_manifest, load_signing_key
+from .streams import HashingStream, SealingStream
+
+try:
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+except ImportError as exc:
+    raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
+
+if TYPE_CHECKING:
+    import fsspec
+
+__all__ = ["HashingFsspecWriter", "WrittenFile"]
+
+URL = str | os.PathLike[str]
+
+#: ``fqn`` prefix of the write results that carry digests to the coordinator (never in ``.metadata``).
+_CARRIER = "__integrity_fs__/"
+
+
+class WrittenFile(NamedTuple):
+    """One file a rank wrote: its name relative to the checkpoint root, size, and unit digests
+    (and how they were computed: the writer's :attr:`HashingFsspecWriter.hashing`)."""
+
+    name: str
+    size: int
+    digests: tuple[str, ...]
+    hashing: str = ""
+
+
+class HashingFsspecWriter(FsspecWriter):
+    """An ``FsspecWriter`` that hashes each file while writing it and seals the checkpoint in ``finish``.
+
+    Every rank hashes what it writes; the digests reach the coordinator as extra write results
+    (removed before ``.metadata`` is written, so ``.metadata`` is exactly DCP's). The coordinator
+    writes the manifest after ``.metadata``; it is then in :attr:`manifest`. No file is read back.
+    The manifest lists the files this save wrote: other files already in the directory are
+    reported as extra by ``verify`` (and fail ``strict=True``).
+
+    With ``private_key`` (loaded here, before any I/O), the coordinator writes ``model.sig`` right
+    after the manifest, from the same digests. On S3 with SHA-256, each file goes up through a
+    :class:`~integrity_fs.storage.SealingWriter` (``growing=True``) with the digests it computes
+    as S3 checksums, laid out so that ``verify(attested=True)`` reads nothing; elsewhere the
+    stream of the file system is hashed on its way (on helper threads for large writes).
+    """
+
+    def __init__(
+        self,
+        path: URL,
+        *,
+        algorithm: str = DEFAULT_ALGORITHM,
+        granularity: str = DEFAULT_GRANULARITY,
+        chunk_size: int | None = None,
+        private_key: signing.PrivateKey | None = None,
+        **kwargs: Any,
+    ) -> None:
+        hashing = Hashing(algorithm, granularity, chunk_size)
+        chunk_size = hashing.chunk_size
+        # Kept as PEM bytes: the writer is pickled for DCP's process executor, a key object is not picklable.
+        self._signing_pem: bytes | None = None
+        if private_key is not None:
+            self._signing_pem = _pem(load_signing_key(private_key, hashing))
+        super().__init__(path, **kwargs)
+        resolved: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecWriter
+        self.hashing_fs = _HashingFileSystem(resolved, algorithm, chunk_size)
+        self.fs = self.hashing_fs  # type: ignore[assignment]  # DCP annotates its local FileSystem
+        self._hashing = hashing
+        self.algorithm = algorithm
+        self.granularity = granularity
+        self.chunk_size = chunk_size
+        self.manifest: Manifest | None = None
+
+    @property
+    def hashing(self) -> str:
+        """How this writer hashes (algorithm, granularity, chunk size): the same on every rank of a save."""
+        return str(self._hashing)
+
+    def reset(self, checkpoint_id: URL | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.hashing_fs.take_written()
+        self.manifest = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self.use_collectives:
+            raise NotImplementedError("HashingFsspecWriter seals one checkpoint from every rank: use_collectives=True")
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        def with_digests(done: Future[list[WriteResult]]) -> list[WriteResult]:
+            results = done.value()
+            # FsspecWriter's helper threads (thread_count > 1) drop their exceptions: a file that
+            # failed there has no write results, and the save would go on to be sealed without it.
+            lost = {item.index for item in plan.items} - {result.index for result in results}
+            if lost:
+                self.hashing_fs.take_written()
+                names = sorted(index.fqn for index in lost)
+                raise OSError(
+                    f"{len(lost)} item(s) of this rank were not written to {self.path} "
+                    f"(a write failed on a writer thread): {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+                )
+            return results + [_carrier(f) for f in self._written_files()]
+
+        return super().write_data(plan, planner).then(with_digests)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        files = [wr.storage_data for wrs in results for wr in wrs if _is_carrier(wr)]
+        other = sorted({f.hashing for f in files} - {self.hashing})
+        if other:
+            raise ValueError(f"ranks hashed their files differently ({'; '.join(other)}; here {self.hashing})")
+        super().finish(metadata, [[wr for wr in wrs if not _is_carrier(wr)] for wrs in results])
+        files += self._written_files()  # .metadata
+        manifest = self._build_manifest(files)
+        fs, root = storage.resolve(self.path, fs=self.hashing_fs.fs)
+        manifests.write_sealed(fs, root, manifest, key=self._signing_pem)
+        self.manifest = manifest
+
+    def _written_files(self) -> list[WrittenFile]:
+        prefix = os.fspath(self.path).rstrip("/") + "/"
+        out = []
+        for path, (size, digests) in self.hashing_fs.take_written().items():
+            if not path.startswith(prefix):
+                raise ValueError(f"{path} was written outside the checkpoint at {self.path}")
+            out.append(WrittenFile(path[len(prefix) :], size, digests, self.hashing))
+        return out
+
+    def _build_manifest(self, files: Sequence[WrittenFile]) -> Manifest:
+        sizes = {f.name: f.size for f in sorted(files)}
+        digests: dict[Unit, str | None] = {}
+        for f in files:
+            for index, digest in enumerate(f.digests):
+                start, end = chunk_range(f.size, self.chunk_size or max(1, f.size), index)
+                digests[Unit(f.name, index, start, end - start)] = digest
+        return build_manifest(self._hashing, sizes, digests)
+
+
+def _pem(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+
+
+def _carrier(file: WrittenFile) -> WriteResult:
+    return WriteResult(index=MetadataIndex(_CARRIER + file.name), size_in_bytes=file.size, storage_data=file)
+
+
+def _is_carrier(result: WriteResult) -> bool:
+    return result.index.fqn.startswith(_CARRIER) and isinstance(result.storage_data, WrittenFile)
+
+
+class _HashingFileSystem(_FsspecFileSystem):
+    """DCP's fsspec file system whose write streams hash what they write, recorded by path."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, algorithm: str, chunk_size: int | None) -> None:
+        super().__init__()
+        self.fs = fs
+        self._algorithm = algorithm
+        self._chunk_size = chunk_size
+        self._checksums = storage.SealingWriter.carries_checksums(fs, algorithm)
+        self._written: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (DCP's process executor sends the writer to its checkpoint process); the lock is not."""
+        with self._lock:
+            state = {**self.__dict__, "_written": dict(self._written)}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: URL, mode: str) -> Iterator[io.IOBase]:
+        if "r" in mode and "+" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        if "+" in mode or "a" in mode:
+            raise ValueError(f"cannot hash a stream opened with mode {mode!r}: only whole writes ('wb') are sealed")
+        if self._checksums:
+            sealing = SealingStream(
+                storage.SealingWriter(
+                    self.fs,
+                    os.fspath(path),
+                    algorithm=self._algorithm,
+                    granularity="file" if self._chunk_size is None else "chunk",
+                    chunk_size=self._chunk_size,
+                    growing=True,
+                )
+            )
+            try:
+                yield sealing
+            except BaseException:
+                sealing.abandon()
+                with contextlib.suppress(Exception):
+                    if self.exists(path):
+                        self.rm_file(path)
+                raise
+            size, digests = sealing.finish()
+        else:
+            with super().create_stream(path, mode) as raw:
+                stream = HashingStream(raw, self._algorithm, self._chunk_size)
+                try:
+                    yield stream
+                except BaseException:
+                    stream.abandon()
+                    raise
+                size, digests = stream.finish()
+        with self._lock:
+            self._written[os.fspath(path)] = (size, digests)
+
+    def rename(self, path: URL, new_path: URL) -> None:
+        if self._checksums:
+            # S3 has no rename but a copy (DCP renames .metadata.tmp): ask S3 for the copy's SHA-256,
+            # so that a file written in one PUT stays attestable whatever the store's copy default.
+            fs = self.fs
+            assert fs is not None
+            fs.copy(os.fspath(path), os.fspath(new_path), ChecksumAlgorithm="SHA256")
+            fs.rm(os.fspath(path))
+        else:
+            super().rename(path, new_path)
+        with self._lock:
+            if os.fspath(path) in self._written:
+                self._written[os.fspath(new_path)] = self._written.pop(os.fspath(path))
+
+    def rm_file(self, path: URL) -> None:
+        super().rm_file(path)
+        with self._lock:
+            self._written.pop(os.fspath(path), None)
+
+    def take_written(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Size and digests of every file written (and closed) since the last call."""
+        with self._lock:
+            written, self._written = self._written, {}
+        return written

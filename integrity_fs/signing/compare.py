@@ -1,0 +1,108 @@
+"""What a verified signature covers, held against a manifest: the differences by file (signed
+but not in the manifest, in the manifest but not signed, signed with other digests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..errors import ManifestError, SignatureError
+from ..hashing import combine_chunk_digests
+from ..manifest import Manifest
+from ..report import SIGNATURE_FILENAME, Problem
+from .bundle import Signed, resources, shard_order, signed_manifest
+
+__all__ = ["describe_differences", "differences", "to_manifest"]
+
+
+_MAX_LISTED = 10
+
+
+def to_manifest(signed: Signed, *, location: str = "") -> Manifest:
+    """:func:`signed_manifest`, for a checkpoint whose signature stands in for its manifest:
+    ``SignatureError`` when the signed shards are not a chunk manifest."""
+    try:
+        return signed_manifest(signed)
+    except ManifestError as exc:
+        raise SignatureError(f"the signed {exc}", location=location) from exc
+
+
+def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Problem]]:
+    """How the signed digests differ from ``manifest``'s: lines for a message, and problems.
+
+    Problems name files: ``"extra"`` signed but not in the manifest, ``"missing"`` in the manifest
+    but not signed, ``"mismatch"`` signed with other digests (``expected`` the signed digest,
+    ``actual`` the manifest's; ``byte_ranges`` the chunks that differ).
+    """
+    method = "files" if manifest.granularity == "file" else "shards"
+    if manifest.algorithm != "sha256" or signed.method != method or signed.shard_size != manifest.chunk_size:
+        shape = f"{signed.method} of {signed.shard_size} bytes" if signed.shard_size else signed.method
+        mine = (
+            f"chunks of {manifest.chunk_size} bytes" if manifest.chunk_size else f"{manifest.granularity} granularity"
+        )
+        line = f"the signature covers {shape} but the manifest has {manifest.algorithm} {mine}"
+        return [line], [Problem(SIGNATURE_FILENAME, "mismatch", expected=shape, actual=mine)]
+    try:
+        mine_res = resources(manifest)
+    except ValueError as exc:  # a name model_signing cannot sign: no signature covers this manifest
+        return [str(exc)], [Problem(SIGNATURE_FILENAME, "mismatch")]
+    if signed.method == "files":
+        ours: dict[str, dict[str, str]] = {n: {n: d} for n, d in mine_res.items()}
+        theirs: dict[str, dict[str, str]] = {n: {n: d} for n, d in signed.resources.items()}
+    else:
+        ours, theirs = _group_shards(mine_res), _group_shards(signed.resources)
+        for name in manifest.files:  # empty files are in the manifest, and rightly not signed
+            if manifest.sizes is not None and manifest.sizes[name] == 0:
+                ours.setdefault(name, {})
+                theirs.setdefault(name, {})
+    lines: list[str] = []
+    problems: list[Problem] = []
+    for name in sorted(set(ours) | set(theirs)):
+        if name not in ours:
+            lines.append(f"{name}: signed but not in the manifest")
+            problems.append(Problem(name, "extra"))
+        elif name not in theirs:
+            lines.append(f"{name}: in the manifest but not signed")
+            problems.append(Problem(name, "missing", expected=manifest.files[name]))
+        elif ours[name] != theirs[name]:
+            ranges = (
+                tuple(
+                    _range(r)
+                    for r in sorted(set(ours[name]) | set(theirs[name]), key=shard_order)
+                    if ours[name].get(r) != theirs[name].get(r)
+                )
+                if signed.method == "shards"
+                else ()
+            )
+            signed_digest = _file_digest(signed, name, theirs[name])
+            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in ranges) if ranges else ""
+            lines.append(f"{name}: signed digest differs from the manifest's{where}")
+            problems.append(
+                Problem(name, "mismatch", expected=signed_digest, actual=manifest.files[name], byte_ranges=ranges)
+            )
+    return lines, problems
+
+
+def _group_shards(by_name: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for name, digest in by_name.items():
+        out.setdefault(name.rsplit(":", 2)[0], {})[name] = digest
+    return out
+
+
+def _range(shard: str) -> tuple[int, int]:
+    _path, start, end = shard.rsplit(":", 2)
+    return int(start), int(end)
+
+
+def _file_digest(signed: Signed, name: str, shards: Mapping[str, str]) -> str | None:
+    if signed.method == "files":
+        return shards[name]
+    ordered = [shards[s] for s in sorted(shards, key=shard_order)]
+    return combine_chunk_digests("sha256", ordered) if ordered else None
+
+
+def describe_differences(lines: list[str]) -> str:
+    shown = lines[:_MAX_LISTED]
+    if len(lines) > _MAX_LISTED:
+        shown.append(f"... and {len(lines) - _MAX_LISTED} more")
+    return "the signed digests differ from the manifest's: " + "; ".join(shown)

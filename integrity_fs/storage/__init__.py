@@ -1,0 +1,60 @@
+"""The only door to fsspec: where a checkpoint is, what it holds, reading it (one guarded,
+pinned, retried reader) and writing (atomic, checksummed, never half-committed).
+
+Internal: the verbs of integrity_fs call these; users call the verbs.
+"""
+
+from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
+from .listing import NOT_CONTENT, Version, check_root, exists, forget_cached, list_dirs, list_files, stamp_of
+from .read import (
+    BLOCK_SIZE,
+    ProgressFn,
+    Range,
+    check_stop,
+    fresh_size,
+    hash_range,
+    on_loop,
+    open_range,
+    read_file,
+)
+from .urls import beneath_caches, describe, is_local, join, local_filesystem, resolve
+from .write import SealingWriter, copy_file, make_local_parent, makedirs, remove_file, store_checksums, write_atomic
+
+__all__ = [
+    "BLOCK_SIZE",
+    "NOT_CONTENT",
+    "Cancelled",
+    "FileGrewError",
+    "NotARegularFileError",
+    "ProgressFn",
+    "Range",
+    "SealingWriter",
+    "ShortReadError",
+    "SizeChangedError",
+    "Version",
+    "beneath_caches",
+    "check_root",
+    "check_stop",
+    "copy_file",
+    "describe",
+    "exists",
+    "forget_cached",
+    "fresh_size",
+    "hash_range",
+    "is_local",
+    "join",
+    "list_dirs",
+    "list_files",
+    "local_filesystem",
+    "make_local_parent",
+    "makedirs",
+    "on_loop",
+    "open_range",
+    "read_file",
+    "remove_file",
+    "resolve",
+    "stamp_of",
+    "storage_errors",
+    "store_checksums",
+    "write_atomic",
+]

@@ -1,0 +1,113 @@
+"""What storage failures become: built-in ``OSError`` subclasses, never corruption, never success.
+
+Backends wrap badly (s3fs turns a ranged-read timeout into an ``IndexError``; gcsfs raises
+``requests`` and ``google`` exceptions), so a failure is judged by its whole chain. The classes
+here say what a read found when the store answered correctly but the file is not as planned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from fsspec.exceptions import FSTimeoutError
+
+__all__ = [
+    "Cancelled",
+    "FileGrewError",
+    "NotARegularFileError",
+    "ShortReadError",
+    "SizeChangedError",
+    "storage_errors",
+]
+
+# Exceptions from these packages are storage failures and are re-raised as OSError.
+_BACKEND_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "google", "requests", "urllib3")
+
+
+class ShortReadError(OSError):
+    """Storage delivered fewer bytes than it said the file holds."""
+
+
+class NotARegularFileError(OSError):
+    """A FIFO, socket or device where a file was expected: never read (it could block forever)."""
+
+
+class SizeChangedError(Exception):
+    """The file does not hold the planned number of bytes: ``size`` (when known) instead of ``expected``.
+
+    Not an ``OSError``: the store answered correctly, the content is not what was sealed.
+    """
+
+    def __init__(self, path: str, expected: int, size: int | None, message: str | None = None) -> None:
+        super().__init__(message or f"{path} holds {size} bytes, not {expected}")
+        self.path = path
+        self.expected = expected
+        self.size = size
+
+
+class FileGrewError(SizeChangedError):
+    """The file holds more bytes than planned."""
+
+    def __init__(self, path: str, expected: int, size: int | None) -> None:
+        shown = size if size is not None else "more"
+        super().__init__(path, expected, size, f"{path} holds more than {expected} bytes ({shown})")
+
+
+class Cancelled(Exception):
+    """The call was stopped (Ctrl-C or another worker's failure) before this read finished."""
+
+
+def _is_backend_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.split(".")[0] in _BACKEND_MODULES or isinstance(exc, (FSTimeoutError, asyncio.TimeoutError))
+
+
+def _storage_cause(exc: BaseException) -> BaseException | None:
+    """The first storage failure in ``exc``'s chain (``__cause__``/``__context__``), if any.
+
+    Backends wrap badly: s3fs turns a ranged-read timeout into ``IndexError`` (``ex.args[0]`` on
+    an ``FSTimeoutError`` with no args), so the failure is judged by the whole chain.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) or _is_backend_error(link):
+            return link
+        link = link.__cause__ or link.__context__
+    return None
+
+
+@contextlib.contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Re-raise backend exceptions (botocore, gcsfs, aiohttp, ...) as ``OSError`` naming ``what``."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_ours(exc) or (isinstance(exc, OSError) and type(exc).__module__ == "builtins"):
+            raise
+        cause = _storage_cause(exc)
+        if cause is None:
+            raise
+        if isinstance(cause, OSError) and type(cause).__module__ == "builtins" and cause is not exc:
+            error_type: type[OSError] = type(cause)
+        else:
+            error_type = _os_error_type(cause)
+        raise error_type(f"storage error while {what}: {type(cause).__name__}: {cause}") from exc
+
+
+def _is_ours(exc: BaseException) -> bool:
+    """Raised by integrity_fs itself (a storage class here, ``FileChangedError``): passed on as it is."""
+    return (type(exc).__module__ or "").split(".")[0] == "integrity_fs"
+
+
+def _os_error_type(exc: BaseException) -> type[OSError]:
+    """The closest built-in OSError subclass for a backend exception, judged by its class names."""
+    names = " ".join(cls.__name__ for cls in type(exc).__mro__)
+    if "Timeout" in names:
+        return TimeoutError
+    if "Connect" in names:
+        return ConnectionError
+    return OSError

@@ -1,0 +1,157 @@
+"""Local files, read so that nothing blocks and every byte comes from the version listed.
+
+A path is opened ``O_NONBLOCK`` (a FIFO cannot wait for a writer) and judged on the descriptor:
+only regular files are read. A read pinned to a listed identity (device, inode, size,
+modification and change times) checks it on the open descriptor before its first byte is used
+and after its last; a file written to or replaced meanwhile raises ``FileChangedError``.
+Timestamps move in clock ticks (a few ms on Linux): a write in the same tick as the listing's
+``stat`` may go unseen; any later one is seen.
+
+Where the platform lacks a call (``O_NONBLOCK`` and ``os.readv`` on Windows), the portable one
+is used instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Any
+
+from ..errors import FileChangedError
+from .errors import FileGrewError, NotARegularFileError, ShortReadError
+from .listing import kind_of, local_identity
+
+__all__ = ["LocalRange", "open_regular", "read_small"]
+
+#: Opening never waits for a FIFO's writer, and the descriptor is not inherited by children.
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_HAS_READV = hasattr(os, "readv")
+_HAS_PREADV = hasattr(os, "preadv")
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file ``path`` and its ``fstat``, judged on the
+    descriptor (race-free): a FIFO, socket or device raises ``NotARegularFileError`` and is never
+    read, a directory ``IsADirectoryError``."""
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a unix socket
+            raise NotARegularFileError(f"{path} is a socket, not a regular file (never read)") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            raise NotARegularFileError(f"{path} is a {kind_of(st.st_mode)}, not a regular file (never read)")
+        if OPEN_FLAGS & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_file(path: str) -> Any:
+    """``open(path, "rb")`` for regular files only (see :func:`open_regular`)."""
+    fd, _st = open_regular(path)
+    return os.fdopen(fd, "rb")
+
+
+def changed(path: str) -> FileChangedError:
+    return FileChangedError(f"{path} changed while it was read (written to or replaced since it was listed)", (path,))
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Up to ``len(view)`` bytes at ``offset`` into ``view``; fewer only at the end of the file."""
+    if _HAS_PREADV:
+        return os.preadv(fd, (view,), offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    data = os.read(fd, len(view))
+    view[: len(data)] = data
+    return len(data)
+
+
+class LocalRange:
+    """Bytes ``[offset, offset + length)`` of a local file, pinned to ``version`` (its listed
+    identity; ``None``: the identity it has when opened).
+
+    :meth:`readinto` fills views in order; :meth:`finish`, after the last byte, confirms that the
+    file ends there when the range ends at ``file_size`` (``FileGrewError`` otherwise) and that
+    it is still the version read (``FileChangedError``).
+    """
+
+    def __init__(self, path: str, offset: int, length: int, *, file_size: int | None, version: object) -> None:
+        self.path = path
+        self._fd, st = open_regular(path)
+        self._identity = local_identity(st)
+        if version is not None and self._identity != version:
+            os.close(self._fd)
+            raise changed(path)
+        self._pos = offset
+        self._end = offset + length
+        self._file_end = file_size if file_size is not None and file_size == self._end else None
+
+    def readinto(self, view: memoryview) -> int:
+        want = view[: max(0, self._end - self._pos)]
+        if not want:
+            return 0
+        n = _read_into(self._fd, want, self._pos)
+        self._pos += n
+        return n
+
+    def check_version(self) -> None:
+        """``FileChangedError`` when the file is no longer the version this read is pinned to."""
+        if local_identity(os.fstat(self._fd)) != self._identity:
+            raise changed(self.path)
+
+    def finish(self) -> None:
+        if self._pos < self._end:
+            raise ShortReadError(f"short read from {self.path}: expected {self._end} bytes, got {self._pos}")
+        self.check_version()
+        if self._file_end is not None:
+            one = bytearray(1)
+            if _read_into(self._fd, memoryview(one), self._file_end):
+                raise FileGrewError(self.path, self._file_end, os.fstat(self._fd).st_size)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> LocalRange:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_small(path: str, length: int, buffer: memoryview, version: object) -> memoryview:
+    """The whole local file ``path`` of ``length`` bytes (``length < len(buffer)``), read into
+    ``buffer`` in one call where the platform allows: one open, one ``fstat``, one read of a byte
+    more than planned (a file that gives it grew), one ``fstat`` after. The same checks as
+    :class:`LocalRange`, for files small enough that per-call work is what costs."""
+    fd, st = open_regular(path)
+    try:
+        identity = local_identity(st)
+        if version is not None and identity != version:
+            raise changed(path)
+        # Fewer bytes than asked, as many as the opened file's size, is its end; anything else
+        # reads on until the end.
+        want = buffer[: length + 1]
+        total = os.readv(fd, (want,)) if _HAS_READV else _read_into(fd, want, 0)
+        if total != length or st.st_size != length:
+            while total <= length and (n := _read_into(fd, buffer[total : length + 1], total)):
+                total += n
+        after = os.fstat(fd)
+        if local_identity(after) != identity:
+            raise changed(path)
+        if total > length:
+            raise FileGrewError(path, length, after.st_size)
+        if total < length:
+            raise ShortReadError(f"short read from {path}: expected {length} bytes, got {total}")
+    finally:
+        os.close(fd)
+    return buffer[:length]

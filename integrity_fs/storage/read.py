@@ -1,0 +1,541 @@
+"""The one guarded reader: every byte of file content that integrity_fs hashes, copies or hands
+to a caller is read here, through :func:`open_range`.
+
+Each read is pinned to the version of the file that the operation's listing saw: on S3 every
+request carries ``IfMatch`` with the listed ETag, on GCS ``ifGenerationMatch`` with the listed
+generation, on local disks the file's identity is checked on the open descriptor before its
+first byte is used and after its last; elsewhere the listed modification stamp is compared after
+the read. A file whose version changed raises ``FileChangedError``. A range that ends at the
+end of its file confirms that the file ends there (``FileGrewError`` otherwise). Transient
+failures are retried, a stop (Ctrl-C, another worker's failure) ends a read within a block or
+a poll of the event loop, and backend exceptions become ``OSError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+import fsspec
+from fsspec.asyn import AsyncFileSystem, sync
+from fsspec.spec import AbstractBufferedFile
+
+from ..errors import FileChangedError
+from ..hashing import READ_SIZES, new_hasher
+from . import gcs, s3
+from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
+from .listing import Version, forget_cached, stamp_of
+from .local import LocalRange, open_file, read_small
+from .urls import describe, is_local
+
+__all__ = [
+    "BLOCK_SIZE",
+    "REMOTE_BLOCK_SIZE",
+    "ProgressFn",
+    "Range",
+    "Vanished",
+    "check_stop",
+    "fresh_size",
+    "hash_range",
+    "on_loop",
+    "open_range",
+    "read_file",
+    "retried",
+]
+
+log = logging.getLogger("integrity_fs")
+
+#: Read size for hashing: big enough to amortise calls, small enough to stay in CPU cache.
+BLOCK_SIZE = 1024 * 1024
+#: Request size on object stores that are read in pieces (GCS, generic backends).
+REMOTE_BLOCK_SIZE = 8 * 1024 * 1024
+#: Attempts for a read that fails transiently (connection reset, timeout, short read).
+READ_ATTEMPTS = 3
+#: Attempts on backends that already retry each request themselves (s3fs, gcsfs): ours would multiply theirs.
+SELF_RETRYING_READ_ATTEMPTS = 2
+_SELF_RETRYING_MODULES = ("s3fs", "gcsfs")
+_RETRY_DELAY_S = 0.2
+#: How often a worker waiting on an object store checks whether the call was stopped.
+_STOP_POLL_S = 0.1
+
+ProgressFn = Callable[[int], None]
+T = TypeVar("T")
+
+#: Failures that another attempt cannot mend: raised at once.
+_NOT_RETRIED = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    NotARegularFileError,
+    FileChangedError,
+)
+
+
+class Vanished(Exception):
+    """The file is gone, or is no longer a regular file: not a storage failure, not retried."""
+
+
+class Range(Protocol):
+    """Bytes ``[offset, offset + length)`` of one file, pinned to one version."""
+
+    def readinto(self, view: memoryview) -> int:
+        """Fill ``view`` from the next bytes of the range; fewer only at its end (0: done)."""
+
+    def check_version(self) -> None:
+        """``FileChangedError`` if the file is known to be another version than the one read."""
+
+    def finish(self) -> None:
+        """After the last byte: the file ends where planned and is still the version read."""
+
+    def close(self) -> None: ...
+
+
+def open_range(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    offset: int,
+    length: int,
+    *,
+    file_size: int | None = None,
+    version: Version | None = None,
+    stop: threading.Event | None = None,
+) -> Range:
+    """A pinned reader of ``length`` bytes of ``path`` from ``offset`` (see the module docstring).
+
+    ``version`` is what the listing saw (``None``: nothing to pin to, e.g. reads through a cache,
+    whose bytes are hashed as served). ``file_size``: the size the file was planned with; a range
+    that ends there confirms the file ends there.
+    """
+    if is_local(fs):
+        return LocalRange(path, offset, length, file_size=file_size, version=version)
+    pin = str(version) if version else None
+    if s3.is_s3(fs):
+        stream: Any = s3.RangeStream(fs, path, offset, offset + length, pin)
+    elif gcs.is_gcs(fs):
+        stream = gcs.GcsRange(fs, path, offset, offset + length, pin, REMOTE_BLOCK_SIZE)
+    elif isinstance(fs, AsyncFileSystem) and getattr(fs, "async_impl", False):
+        stream = _AsyncRange(fs, path, offset, offset + length, REMOTE_BLOCK_SIZE)
+        return _StreamRange(fs, path, stream, offset, length, file_size, stop, version)
+    else:
+        return _FileRange(fs, path, offset, length, file_size, version)
+    assert isinstance(fs, AsyncFileSystem)
+    return _StreamRange(fs, path, stream, offset, length, file_size, stop)
+
+
+class _StreamRange:
+    """A range read from a request stream on the filesystem's event loop, each wait cancellable
+    on the loop once ``stop`` is set. S3 and GCS enforce the pin on every request; elsewhere
+    ``version`` (the listed stamp) is compared with a fresh one once the range is read."""
+
+    def __init__(
+        self,
+        fs: AsyncFileSystem,
+        path: str,
+        stream: Any,
+        offset: int,
+        length: int,
+        file_size: int | None,
+        stop: threading.Event | None,
+        version: Version | None = None,
+    ) -> None:
+        self._fs, self.path, self._stop = fs, path, stop
+        self._version = version
+        self._end = offset + length
+        self._check_end = file_size is not None and file_size == self._end
+        self._left = length
+        self._stream = on_loop(fs, stream.open(), stop)
+
+    def readinto(self, view: memoryview) -> int:
+        want = min(len(view), self._left)
+        if not want:
+            return 0
+        data = on_loop(self._fs, _read_block(self._stream, want), self._stop)
+        view[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+    def check_version(self) -> None:
+        if self._version is None:
+            return  # pinned on every request by the store itself (S3, GCS), or nothing to pin to
+        info = on_loop(self._fs, self._fs._info(self.path), self._stop)
+        if stamp_of(info) != self._version:
+            raise _changed(self._fs, self.path, self._version, stamp_of(info))
+
+    def finish(self) -> None:
+        if self._left:
+            raise ShortReadError(f"short read from {self.path}: {self._left} bytes of the range missing")
+        self.check_version()  # a new version explains any size: reported as the change it is
+        if self._check_end:
+            total = getattr(self._stream, "total_size", None)  # the size the store answered with
+            if isinstance(total, int):
+                if total > self._end:
+                    raise FileGrewError(self.path, self._end, total)
+            elif on_loop(self._fs, _read_block(self._stream, 1), self._stop):
+                raise FileGrewError(self.path, self._end, None)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            on_loop(self._fs, _close_stream(self._stream), None)
+
+
+class _FileRange:
+    """A range read through ``fs.open`` (any other backend, or a caching layer). With a version,
+    the file's listed stamp is compared with a fresh one once the range is read."""
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        offset: int,
+        length: int,
+        file_size: int | None,
+        version: Version | None,
+    ) -> None:
+        self._fs, self.path, self._version = fs, path, version
+        self._end = offset + length
+        self._check_end = file_size is not None and file_size == self._end
+        self._left = length
+        self._file = _open_buffered(fs, path)
+        if offset:
+            self._file.seek(offset)
+        self._readinto = getattr(self._file, "readinto", None)
+
+    def readinto(self, view: memoryview) -> int:
+        want = view[: min(len(view), self._left)]
+        if not want:
+            return 0
+        if self._readinto is not None:
+            n = int(self._readinto(want) or 0)
+        else:
+            data = self._file.read(len(want))
+            n = len(data)
+            want[:n] = data
+        self._left -= n
+        return n
+
+    def check_version(self) -> None:
+        if self._version is None:
+            return
+        forget_cached(self._fs, self.path)
+        now = stamp_of(self._fs.info(self.path))
+        if now != self._version:
+            raise _changed(self._fs, self.path, self._version, now)
+
+    def finish(self) -> None:
+        if self._left:
+            raise ShortReadError(f"short read from {self.path}: {self._left} bytes of the range missing")
+        self.check_version()  # a new version explains any size: reported as the change it is
+        if self._check_end:
+            _confirm_end(self._fs, self.path, self._file, self._end)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._file.close()
+
+
+class _AsyncRange:
+    """Bytes ``[start, end)`` of a file on any other async store: one ``open_async`` stream from
+    the start of the file where the backend has one (a single request), else ranged ``_cat_file``
+    requests of ``block_size`` bytes. The async-file shape of :class:`_StreamRange`."""
+
+    def __init__(self, fs: AsyncFileSystem, path: str, start: int, end: int, block_size: int) -> None:
+        self._fs, self._path = fs, path
+        self._pos, self._end, self._block_size = start, end, block_size
+        self._stream: Any = None
+        self._data = memoryview(b"")
+        self.total_size: int | None = None
+
+    async def open(self) -> _AsyncRange:
+        if self._pos == 0 and hasattr(self._fs, "open_async"):
+            with contextlib.suppress(NotImplementedError):
+                self._stream = await self._fs.open_async(self._path, "rb")
+        return self
+
+    async def read(self, n: int = -1) -> bytes:
+        if self._stream is not None:
+            data: bytes = await self._stream.read(n)
+            return data
+        if not self._data and self._pos < self._end:
+            stop = min(self._end, self._pos + self._block_size)
+            self._data = memoryview(await self._fs._cat_file(self._path, start=self._pos, end=stop))
+            self._pos += len(self._data)
+            if not self._data:
+                self._end = self._pos
+        take = len(self._data) if n < 0 else min(n, len(self._data))
+        out, self._data = self._data[:take], self._data[take:]
+        return bytes(out)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+
+
+def _changed(fs: fsspec.AbstractFileSystem, path: str, listed: Version, now: str) -> FileChangedError:
+    return FileChangedError(f"{describe(fs, path)} changed while it was read (listed as {listed}, now {now})", (path,))
+
+
+def _open_buffered(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    """A binary reader for ``path`` tuned for sequential streaming (readahead where it applies)."""
+    try:
+        return fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
+    except TypeError:  # a backend whose open() takes no cache options
+        return fs.open(path, "rb")
+
+
+def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> None:
+    """Raise ``FileGrewError`` when the open file ``f`` holds more than ``end`` bytes.
+
+    One more byte is asked for; a buffered object-store file stops at the size it was opened
+    with, so there the store is asked for the size now.
+    """
+    if f.read(1):
+        size: int | None
+        try:
+            size = fresh_size(fs, path)
+        except Exception:
+            size = None
+        raise FileGrewError(path, end, size)
+    if isinstance(f, AbstractBufferedFile):
+        size = fresh_size(fs, path)
+        if size > end:
+            raise FileGrewError(path, end, size)
+
+
+# --------------------------------------------------------------------------- hashing a range
+
+
+def hash_range(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    algorithm: str,
+    offset: int,
+    length: int,
+    progress: ProgressFn | None = None,
+    *,
+    file_size: int | None = None,
+    version: Version | None = None,
+    stop: threading.Event | None = None,
+    buffer: memoryview | None = None,
+    into: memoryview | None = None,
+) -> str:
+    """Digest of exactly ``length`` bytes of ``path`` from ``offset``, read once through
+    :func:`open_range` (pinned to ``version``), in bounded memory.
+
+    Fewer bytes than asked for is a ``ShortReadError`` (a ``SizeChangedError`` when the store says
+    the file is shorter now). Transient failures are retried (``READ_ATTEMPTS`` times, or
+    ``SELF_RETRYING_READ_ATTEMPTS`` on backends that retry each request themselves); a missing
+    file, a refused permission and a changed version are raised at once. Once ``stop`` is set,
+    the read ends at the next block with ``Cancelled``.
+
+    ``into`` (writable, exactly ``length`` bytes): the bytes are kept there, each piece hashed as
+    it lands (the verified reads' unit buffers). ``buffer`` (writable, reused by the caller's
+    thread): a whole local file shorter than it is read into it in one call.
+    """
+    check_end = file_size is not None and offset + length == file_size
+    fast = into is None and buffer is not None and offset == 0 and check_end and length < len(buffer)
+    fast = fast and is_local(fs)
+    counted = [0]  # bytes reported to ``progress`` by the attempt under way
+
+    def once(attempt: int) -> str:
+        counted[0] = 0
+        if fast and attempt == 1:
+            assert buffer is not None
+            hasher = new_hasher(algorithm)
+            hasher.update(read_small(path, length, buffer, version))
+            if progress is not None:
+                progress(length)
+            return hasher.hexdigest()
+        return _hash_once(fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into)
+
+    def undo() -> None:
+        if progress is not None and counted[0]:
+            progress(-counted[0])
+
+    def shorter_now(exc: OSError) -> None:
+        if isinstance(exc, ShortReadError) or exc.errno == errno.EINVAL:  # short, or a range past the end
+            now = _shorter_now(fs, path, offset + length)
+            if now is not None:  # the store says the file is shorter now: content, not storage
+                raise SizeChangedError(path, offset + length, now) from exc
+
+    attempts = READ_ATTEMPTS if fast else read_attempts(fs)
+    return retried(fs, path, f"reading {path}", attempts, once, undo=undo, stop=stop, check=shorter_now)
+
+
+def _hash_once(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    algorithm: str,
+    offset: int,
+    length: int,
+    progress: ProgressFn | None,
+    counter: list[int],
+    file_size: int | None,
+    version: Version | None,
+    stop: threading.Event | None,
+    into: memoryview | None,
+) -> str:
+    hasher = new_hasher(algorithm)
+    piece = READ_SIZES.get(algorithm, BLOCK_SIZE)
+    own = memoryview(bytearray(max(1, min(piece, length)))) if into is None else None
+    reader = open_range(fs, path, offset, length, file_size=file_size, version=version, stop=stop)
+    try:
+        done = 0
+        while done < length:
+            check_stop(stop)
+            view = into[done : done + piece] if into is not None else own[: min(piece, length - done)]  # type: ignore[index]
+            n = reader.readinto(view)
+            if not n:
+                reader.check_version()  # a file cut short by a writer has changed, not shrunk
+                raise ShortReadError(
+                    f"short read from {path}: expected {length} bytes from offset {offset}, got {done}"
+                )
+            hasher.update(view[:n])
+            done += n
+            counter[0] += n
+            if progress is not None:
+                progress(n)
+        reader.finish()
+    finally:
+        reader.close()
+    return hasher.hexdigest()
+
+
+def _shorter_now(fs: fsspec.AbstractFileSystem, path: str, end: int) -> int | None:
+    """The size of ``path`` now when the store says it ends before ``end``; ``None`` when it does
+    not, or cannot say (then a short read stays a storage failure, and is retried)."""
+    try:
+        size = os.stat(path).st_size if is_local(fs) else fresh_size(fs, path)
+    except Exception:
+        return None
+    return size if size < end else None
+
+
+def fresh_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    """The size of ``path`` as the store says now, not as a listing cached it."""
+    if s3.is_s3(fs):
+        return int(sync(fs.loop, s3.head_size, fs, path))  # a HEAD; the listing cache stays for the others
+    if is_local(fs):
+        return os.stat(path).st_size
+    forget_cached(fs, path)
+    return int(fs.size(path))
+
+
+# --------------------------------------------------------------------------- retries and stops
+
+
+def retried(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    what: str,
+    attempts: int,
+    once: Callable[[int], T],
+    *,
+    undo: Callable[[], None],
+    stop: threading.Event | None,
+    check: Callable[[OSError], None] | None = None,
+) -> T:
+    """``once(attempt)`` until it returns, ``attempts`` times at most: the retry loop of reads and copies.
+
+    A missing file, a refused permission, what is not a regular file and a changed version are
+    raised at once. Any other ``OSError`` (backend errors included, through
+    :func:`storage_errors`) undoes the attempt's progress and goes through ``check``, which may
+    raise something else instead (a file the store says is shorter now is content, not storage);
+    then it is retried after a back-off that ``stop`` cuts short (``Cancelled``), with the cached
+    listing of ``path`` dropped so that the retry asks the store again. The last failure is
+    raised with the count.
+    """
+    for attempt in range(1, attempts + 1):
+        check_stop(stop)
+        try:
+            with storage_errors(what):
+                return once(attempt)
+        except _NOT_RETRIED:
+            raise
+        except OSError as exc:
+            undo()
+            if check is not None:
+                check(exc)
+            if attempt == attempts:
+                raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
+            log.info("retrying %s after %s (attempt %d of %d)", what, exc, attempt, attempts)
+            if stop is None:
+                time.sleep(_RETRY_DELAY_S * attempt)
+            elif stop.wait(_RETRY_DELAY_S * attempt):
+                raise Cancelled("stopped") from exc
+            with contextlib.suppress(Exception):
+                fs.invalidate_cache(path)
+    raise AssertionError("unreachable")
+
+
+def read_attempts(fs: fsspec.AbstractFileSystem) -> int:
+    modules = {(cls.__module__ or "").split(".")[0] for cls in type(fs).__mro__}
+    return SELF_RETRYING_READ_ATTEMPTS if modules & set(_SELF_RETRYING_MODULES) else READ_ATTEMPTS
+
+
+def check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Cancelled("stopped")
+
+
+def on_loop(fs: AsyncFileSystem, coro: Coroutine[Any, Any, T], stop: threading.Event | None) -> T:
+    """Run ``coro`` on ``fs``'s event loop and wait for it; once ``stop`` is set, cancel it
+    there (within ``_STOP_POLL_S``) and raise ``Cancelled``: a stalled request never holds a worker."""
+    future = asyncio.run_coroutine_threadsafe(coro, fs.loop)
+    while True:
+        try:
+            return future.result(timeout=_STOP_POLL_S)
+        except concurrent.futures.TimeoutError:
+            if future.done():
+                raise
+            if stop is not None and stop.is_set():
+                future.cancel()
+                raise Cancelled("stopped") from None
+        except BaseException:  # Ctrl-C in this thread: the request must not go on without it
+            future.cancel()
+            raise
+
+
+async def _read_block(f: Any, n: int) -> bytes:
+    """``n`` bytes from the async stream ``f``, fewer only at its end."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        part = await f.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _close_stream(f: Any) -> None:
+    """Close on the loop that owns it: the response body belongs to the event loop, not to the
+    worker thread (and a range that stops early leaves it open)."""
+    with contextlib.suppress(Exception):
+        await f.close()
+    body = getattr(f, "r", None)
+    if body is not None:
+        with contextlib.suppress(Exception):
+            body.close()
+
+
+# --------------------------------------------------------------------------- whole small files
+
+
+def read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+    """Whole small file (the manifest, a signature). ``FileNotFoundError`` passes through as is;
+    a local FIFO, socket or device raises ``NotARegularFileError`` without blocking."""
+    if is_local(fs):
+        with open_file(path) as f:
+            return bytes(f.read())
+    with storage_errors(f"reading {path}"):
+        return bytes(fs.cat_file(path))

@@ -1,0 +1,327 @@
+"""verify: list, compare, hash, report.
+
+One pipeline, in steps that every entry point calls with its own "where and who":
+:func:`prepare` (the manifest read and its signature checked, the root listed, names and sizes
+compared, units planned, before any content is read), :func:`attest` (files the store's own
+checksums confirm, on request), the hashing (:func:`integrity_fs.work.hash_units`, pinned to the
+listing; each rank its share in ``distributed.verify``; the copies' streams in ``download`` and
+``copy``; DCP's reads in ``dcp.load``), and :func:`finish_verification` (the report).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+from fsspec.callbacks import Callback
+
+from . import manifests, signing, storage
+from .errors import IntegrityError
+from .hashing import Unit, chunk_range, file_digest, plan_units
+from .manifest import Manifest
+from .options import Attested, VerifyOptions, Work
+from .report import Problem, Report, printable
+from .work import Grown, UnitOutcome, hash_units
+
+if TYPE_CHECKING:
+    from .storage.s3 import StoreChecksum
+
+__all__ = [
+    "Prepared",
+    "VerificationPlan",
+    "attest",
+    "finish_verification",
+    "plan_verification",
+    "prepare",
+    "verify",
+    "verify_options",
+]
+
+log = logging.getLogger("integrity_fs")
+
+URL = str | os.PathLike[str]
+
+
+def verify(
+    url: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+    strict: bool = False,
+    quick: bool = False,
+    manifest: Manifest | URL | None = None,
+    attested: Attested = False,
+    public_key: signing.PublicKey | None = None,
+) -> Report:
+    """Check the checkpoint at ``url`` against its manifest; raise on any problem.
+
+    Raises ``ManifestNotFoundError`` when there is no manifest, ``ManifestError`` when it is
+    invalid, ``IntegrityError`` (with every problem in its report) when content differs,
+    ``FileChangedError`` when a file changed while it was read, and ``OSError`` when storage
+    fails. ``quick`` compares names and sizes from a listing only. ``strict`` makes files absent
+    from the manifest problems too, and so does a manifest that lists no files (it verifies only a
+    directory with no files). ``manifest``: a :class:`Manifest`, or the path or URL of a manifest
+    file in any format :mod:`formats` reads (a relative name is inside the root); by default the
+    root's ``_integrity_manifest.json``. ``attested`` confirms files whose store-kept checksum
+    equals the manifest's digest without reading them (the rest are hashed as usual). With
+    ``public_key``, ``model.sig`` must verify and cover exactly the manifest's digests
+    (``SignatureError``) before content is checked; without a manifest, the signed digests are
+    the manifest. Caching layers in ``url`` are looked beneath: the store is verified, never a cache.
+    """
+    options = verify_options(strict=strict, quick=quick, attested=attested, manifest=manifest, public_key=public_key)
+    work = Work(max_workers, callback)
+    fs_, root = storage.resolve(url, storage_options, fs)
+    started = time.perf_counter()
+    versions: dict[str, storage.Version] = {}
+    prepared = prepare(fs_, root, options, versions=None if options.quick else versions)
+    plan = prepared.plan
+    if options.attested and not options.quick:
+        plan = attest(fs_, root, prepared.manifest, plan)
+    digests = hash_units(fs_, root, prepared.manifest.algorithm, plan.units, versions=versions, work=work)
+    report = finish_verification(prepared.manifest, plan, digests)
+    if not report.ok:
+        raise IntegrityError(report, prepared.location)
+    log_done("verified", prepared.location, report.files_checked, report.bytes_checked, started)
+    return report
+
+
+def verify_options(
+    *,
+    strict: bool = False,
+    quick: bool = False,
+    attested: Attested = False,
+    manifest: Manifest | URL | None = None,
+    public_key: signing.PublicKey | None = None,
+) -> VerifyOptions:
+    """The checked options of a verification; the public key is loaded here, before anything is read."""
+    key = None if public_key is None else signing.load_public_key(public_key)
+    return VerifyOptions(strict=strict, quick=quick, attested=attested, manifest=manifest, key=key)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A verification before any content is read: the manifest in use, what the listing already
+    shows (and what is left to hash), and the root as a URL for messages."""
+
+    manifest: Manifest
+    plan: VerificationPlan
+    location: str
+
+
+def prepare(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    options: VerifyOptions,
+    *,
+    sizes: dict[str, int] | None = None,
+    versions: dict[str, storage.Version] | None = None,
+) -> Prepared:
+    """The manifest to verify against (see :func:`verify`), its signature checked with
+    ``options.key``, and the root's listing compared with it (``sizes``: a listing already made;
+    ``versions`` receives the listing's versions otherwise).
+
+    The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
+    """
+    manifest, listing = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions)
+    plan = plan_verification(manifest, listing, strict=options.strict, quick=options.quick)
+    return Prepared(manifest, plan, storage.describe(fs, root))
+
+
+def manifest_and_listing(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    options: VerifyOptions,
+    *,
+    sizes: dict[str, int] | None = None,
+    versions: dict[str, storage.Version] | None = None,
+) -> tuple[Manifest, dict[str, int]]:
+    """The manifest to verify against and the listing to check it with (see :func:`prepare`)."""
+    in_use = None
+    wanted = options.manifest
+    if wanted is None:
+        found = manifests.load_manifest(fs, root) if options.key is None else manifests.load_manifest_if_any(fs, root)
+    elif isinstance(wanted, Manifest):
+        found = wanted
+    else:
+        found, in_use = manifests.read_manifest_file(fs, root, wanted)
+    listing = dict(sizes) if sizes is not None else storage.list_files(fs, root, versions=versions)
+    if in_use is not None:
+        listing.pop(in_use, None)
+    if options.key is not None:
+        found = manifests.check_signature(fs, root, found, options.key)
+    assert found is not None
+    return found, listing
+
+
+def log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:
+    elapsed = time.perf_counter() - started
+    rate = nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
+    log.info("%s %s: %d files, %d bytes in %.2f s (%.2f GB/s)", what, printable(where), files, nbytes, elapsed, rate)
+
+
+@dataclass(frozen=True)
+class VerificationPlan:
+    """What a listing already shows, and the units left to hash."""
+
+    problems: tuple[Problem, ...]
+    extra: tuple[str, ...]
+    sizes: Mapping[str, int]  # files to hash: present, and of the manifest's size
+    units: tuple[Unit, ...]
+    attested: tuple[str, ...] = ()  # files the store's own checksum confirmed: not hashed
+
+
+def attest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, plan: VerificationPlan) -> VerificationPlan:
+    """``plan`` less the files whose store-kept checksum equals their manifest digest.
+
+    A checksum that is absent, not comparable or different attests nothing: the file stays in
+    the plan and its read decides (another part layout gives another checksum for the same bytes).
+    The two halves, :func:`fetch_checksums` and :func:`attested_names`, are what
+    ``distributed.verify`` shares across ranks.
+    """
+    names = attestable_names(manifest, plan)
+    if not names:
+        return plan
+    return without_attested(plan, attested_names(manifest, fetch_checksums(fs, root, names)))
+
+
+def attestable_names(manifest: Manifest, plan: VerificationPlan) -> list[str]:
+    """The files of ``plan`` whose store checksums are worth asking for, sorted (none for a
+    manifest without sizes: a listing has not confirmed their sizes)."""
+    if manifest.sizes is None:
+        return []
+    return sorted(plan.sizes)
+
+
+def fetch_checksums(fs: fsspec.AbstractFileSystem, root: str, names: Sequence[str]) -> dict[str, StoreChecksum | None]:
+    """What the store keeps for each of ``names`` under ``root`` (one request each, no content read)."""
+    paths = {storage.join(root, name): name for name in names}
+    return {paths[path]: checksum for path, checksum in storage.store_checksums(fs, list(paths)).items()}
+
+
+def attested_names(manifest: Manifest, checksums: Mapping[str, StoreChecksum | None]) -> set[str]:
+    """The names whose store checksum is comparable with, and equal to, their manifest digest."""
+    return {
+        name
+        for name, checksum in checksums.items()
+        if checksum is not None
+        and attesting_digest(manifest, name, checksum.composite, checksum.parts) == checksum.digest
+    }
+
+
+def without_attested(plan: VerificationPlan, confirmed: Iterable[str]) -> VerificationPlan:
+    """``plan`` with the ``confirmed`` files moved from the hashing to ``attested``."""
+    confirmed = set(confirmed)
+    if not confirmed:
+        return plan
+    return dataclasses.replace(
+        plan,
+        sizes={n: s for n, s in plan.sizes.items() if n not in confirmed},
+        units=tuple(u for u in plan.units if u.name not in confirmed),
+        attested=tuple(sorted(confirmed)),
+    )
+
+
+def attesting_digest(manifest: Manifest, name: str, composite: bool, parts: int | None = None) -> str | None:
+    """The manifest digest a store-kept SHA-256 of ``name`` must equal to attest it; ``None``
+    when none is comparable.
+
+    A full-object checksum is the SHA-256 of the bytes: ``files[name]`` (file granularity) or
+    the only chunk's digest. A composite checksum is the SHA-256 of the parts' raw digests:
+    ``files[name]`` of a chunk manifest (equal only if every part is the chunk of the same
+    index, byte for byte, so a part count S3 does not report is not needed).
+    """
+    if manifest.algorithm != "sha256":
+        return None
+    chunks = manifest.chunks[name] if manifest.chunks is not None else None
+    if not composite:
+        if manifest.granularity == "file":
+            return manifest.files[name]
+        return chunks[0] if chunks is not None and len(chunks) == 1 else None
+    if chunks is not None and (parts is None or parts == len(chunks)):
+        return manifest.files[name]
+    return None
+
+
+def plan_verification(
+    manifest: Manifest, listing: Mapping[str, int], *, strict: bool = False, quick: bool = False
+) -> VerificationPlan:
+    """Compare names and sizes; plan the hashing of every file that passes (none if ``quick``)."""
+    if manifest.sizes is not None and manifest.sizes == listing:  # the common case, compared at C speed
+        units = () if quick else tuple(plan_units(manifest.granularity, listing, manifest.chunk_size))
+        return VerificationPlan((), (), listing, units)
+    problems: list[Problem] = []
+    sizes: dict[str, int] = {}
+    for name, digest in manifest.files.items():
+        if name not in listing:
+            problems.append(Problem(name, "missing", expected=digest))
+            continue
+        expected = listing[name] if manifest.sizes is None else manifest.sizes[name]
+        if listing[name] != expected:
+            problems.append(Problem(name, "size", expected=expected, actual=listing[name]))
+            continue
+        sizes[name] = expected
+    extra = tuple(name for name in listing if name not in manifest.files)
+    # A manifest that lists no files vouches for nothing: it verifies only an empty directory,
+    # never whatever happens to sit beside it.
+    if strict or not manifest.files:
+        problems.extend(Problem(name, "extra", actual=listing[name]) for name in extra)
+    units = () if quick else tuple(plan_units(manifest.granularity, sizes, manifest.chunk_size))
+    return VerificationPlan(tuple(problems), extra, sizes, units)
+
+
+def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Mapping[Unit, UnitOutcome]) -> Report:
+    """The report once ``plan.units`` have been hashed to ``digests`` (``None``: file vanished;
+    ``Grown``: the file holds more bytes than sealed, a ``"size"`` problem)."""
+    problems = list(plan.problems)
+    vanished: set[str] = set()
+    grown: dict[str, Grown] = {}
+    by_file: dict[str, list[str]] = {}
+    bytes_checked = 0
+    for unit, outcome in sorted(digests.items(), key=lambda item: (item[0].name, item[0].index)):
+        if isinstance(outcome, str):
+            by_file.setdefault(unit.name, []).append(outcome)
+            bytes_checked += unit.length
+        elif outcome is None:
+            vanished.add(unit.name)
+        else:
+            grown[unit.name] = outcome
+    hashed = dict.fromkeys(sorted(u.name for u in plan.units))
+    for name in hashed:
+        expected = manifest.files[name]
+        if name in vanished:
+            problems.append(Problem(name, "missing", expected=expected))
+            continue
+        if name in grown:
+            problems.append(Problem(name, "size", expected=plan.sizes[name], actual=grown[name].size))
+            continue
+        got = by_file[name]
+        file_level = manifest.granularity == "file"
+        actual = got[0] if file_level else file_digest(manifest.algorithm, manifest.granularity, got)
+        if actual == expected:
+            continue
+        ranges: tuple[tuple[int, int], ...] = ()
+        if manifest.chunks is not None and manifest.chunk_size is not None:
+            size = plan.sizes[name]
+            ranges = tuple(
+                chunk_range(size, manifest.chunk_size, i)
+                for i, (want, got) in enumerate(zip(manifest.chunks[name], by_file[name], strict=True))
+                if want != got
+            )
+        problems.append(Problem(name, "mismatch", expected=expected, actual=actual, byte_ranges=ranges))
+    problems.sort(key=lambda p: (p.path, p.kind))
+    missing = sum(1 for p in problems if p.kind == "missing")
+    return Report(
+        problems=tuple(problems),
+        extra=plan.extra,
+        files_checked=len(manifest.files) - missing,
+        bytes_checked=bytes_checked,
+        files_attested=len(plan.attested),
+    )
