@@ -48,8 +48,8 @@ class Config:
     memory: Dataset | None  # the 4 GiB checkpoint of the memory target; None: judged on ``several``
     s3_sets: tuple[Dataset, ...]
     chunk_sizes: tuple[int, ...]
-    blake3: Dataset  # issue 15 part 3: verify with BLAKE3 against SHA-256 and b3sum
-    many: Dataset  # issue 15 part 2: very many tiny files, for memory and the quick path
+    blake3: Dataset  # verify with BLAKE3 against SHA-256 and b3sum
+    many: Dataset  # very many tiny files, for memory and the quick path
     repeats: int  # timed calls per contender and round
     rounds: int  # round-robin passes over a dataset's contenders
     dcp_mib: int = 512  # the state dict of the DCP section
@@ -144,7 +144,7 @@ def run_local(bench: Bench, cfg: Config) -> None:
 
 
 def many_files(bench: Bench, ds: Dataset) -> None:
-    """Issue 15 part 2: seal and verify of very many tiny files (peak RSS), and ``quick=True``
+    """Seal and verify of very many tiny files (peak RSS), and ``quick=True``
     against a bare ``os.walk`` + ``stat`` of the same tree."""
     sealed = datasets.sealed_dir(bench.root, ds)
     datasets.warm(datasets.ensure_files(bench.root, ds))
@@ -192,7 +192,7 @@ def run_memory(bench: Bench, cfg: Config) -> None:
 
 
 def run_chunks(bench: Bench, cfg: Config) -> None:
-    """Issue 6: file vs chunk granularity at 1 and all workers, the chunk-size sweep at all
+    """File vs chunk granularity at 1 and all workers, the chunk-size sweep at all
     workers, the raw threaded range hash, and model_signing's 64 MiB shards."""
     for ds in (cfg.one, cfg.several):
         datasets.warm(datasets.ensure_files(bench.root, ds))
@@ -322,7 +322,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             False,
         ),
         (
-            f"Chunk vs file granularity (issue 6); ratios to file granularity with workers={CORES}",
+            f"Chunk vs file granularity; ratios to file granularity with workers={CORES}",
             [r for r in bench.rows if r.section == "chunks"],
             reference_by(bench, f"file-w{CORES}"),
             False,
@@ -334,25 +334,25 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             True,
         ),
         (
-            "BLAKE3 (issue 15); ratios to integrity_fs.verify with SHA-256",
+            "BLAKE3; ratios to integrity_fs.verify with SHA-256",
             [r for r in bench.rows if r.section == "blake3"],
             reference_by(bench, "verify"),
             False,
         ),
         (
-            "Attested verification on S3 (moto, issue 12); ratios to the full verify",
+            "Attested verification on S3 (moto); ratios to the full verify",
             [r for r in bench.rows if r.section == "attested"],
             reference_by(bench, "full"),
             True,
         ),
         (
-            "Uploads with and without S3 checksums (moto, issue 12); ratios to s3fs + hashlib",
+            "Uploads with and without S3 checksums (moto); ratios to s3fs + hashlib",
             [r for r in bench.rows if r.section == "upload"],
             reference_by(bench, "plain"),
             True,
         ),
         (
-            "Signing while sealing (issue 16); ratios to seal() without a key",
+            "Signing while sealing; ratios to seal() without a key",
             [r for r in bench.rows if r.section == "signing"],
             reference_by(bench, "plain"),
             False,
@@ -376,8 +376,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
     if dcp is not None:
         dcp_rows = [dcp_bench.Row(**r) for r in dcp["rows"]]
         parts += [
-            f"## DCP save (issue 15): a {dcp['mib']} MiB state dict in {dcp['tensors']} tensors, one process, "
-            "local page cache",
+            f"## DCP save: a {dcp['mib']} MiB state dict in {dcp['tensors']} tensors, one process, local page cache",
             "",
             dcp_bench.table(dcp_rows),
             "",

@@ -1,4 +1,4 @@
-"""Issues 12 and 16: attested verify vs full verify on S3, uploads with and without S3
+"""Attested verify vs full verify on S3, uploads with and without S3
 checksums, and seal with and without a signature.
 
 Three sections of ``python -m benchmarks``:
@@ -453,7 +453,7 @@ def _overhead_line(name: str, ours: Row, base: Row, target: float) -> str:
 
 
 def lines(bench: Bench, run_name: str, signing_ds: Dataset) -> list[str]:
-    """The targets of issues 12 and 16 and the 2 TB model."""
+    """The targets of the attested, upload and signing sections, and the 2 TB model."""
     out: list[str] = []
     size = sizes(run_name)
     ds = size.checkpoint

@@ -18,7 +18,7 @@ shared: only calls during which others used under a tenth of a core count (``tim
 how many it took to get ``--repeats`` of them).
 A last line gives the time to hash the same bytes in memory on one core, the floor of what hashing adds,
 and the CPU floor of a sealed save: (plain save CPU + SHA-256 CPU of the bytes) / cores. The
-targets (issue 15) follow as PASS/MISS lines (``benchmarks.report.dcp_lines``). ``--json`` prints
+targets follow as PASS/MISS lines (``benchmarks.report.dcp_lines``). ``--json`` prints
 the rows as JSON instead (``python -m benchmarks`` runs it that way, in a child process).
 """
 

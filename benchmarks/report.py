@@ -86,7 +86,7 @@ def _overlap(a: Row, b: Row) -> bool:
 
 
 def local_targets(bench: Bench, several: Dataset, one: Dataset, memory: Dataset | None) -> list[str]:
-    """Issue 7's local targets and issue 6's chunk targets."""
+    """The local targets and the chunk-granularity targets."""
     out: list[str] = []
     f = bench.find
     verify, threads = f("several:verify"), f("several:threads")
@@ -147,13 +147,13 @@ def local_targets(bench: Bench, several: Dataset, one: Dataset, memory: Dataset 
     if whole and chunk and raw:
         speedup = whole.median_s / chunk.median_s
         text = (
-            f"issue 6, {one.label} ({shape(one)}): chunk granularity verifies {speedup:.2f}x faster than file "
+            f"{one.label} ({shape(one)}): chunk granularity verifies {speedup:.2f}x faster than file "
             f"granularity; target ≥ 1.8x"
         )
         out.append(verdict(speedup >= 1.8, text, whole, chunk))
         ratio = chunk.gbps / raw.gbps
         text = (
-            f"issue 6, {one.label}: chunk verify {chunk.gbps:.2f} GB/s = {ratio:.2f}x two cores' raw SHA-256 rate "
+            f"{one.label}: chunk verify {chunk.gbps:.2f} GB/s = {ratio:.2f}x two cores' raw SHA-256 rate "
             f"over 64 MiB ranges ({raw.gbps:.2f} GB/s); target ≥ 0.9x"
         )
         out.append(verdict(ratio >= 0.9, text, chunk, raw))
@@ -161,7 +161,7 @@ def local_targets(bench: Bench, several: Dataset, one: Dataset, memory: Dataset 
 
 
 def small_file_lines(bench: Bench, small: Dataset, many: Dataset) -> list[str]:
-    """Issue 15 part 2: small files on every core, very many files in bounded memory, and the
+    """Small files on every core, very many files in bounded memory, and the
     quick path near the cost of a bare listing. CPU seconds are printed beside the times: on a
     busy machine they show what the work costs where the wall clock cannot."""
     out: list[str] = []
@@ -254,7 +254,7 @@ def s3_lines(bench: Bench, s3_sets: Sequence[Dataset], local_rate: Row | None) -
 
 
 def blake3_lines(bench: Bench, ds: Dataset) -> list[str]:
-    """Issue 15 part 3: verify with BLAKE3 against verify with SHA-256 and against b3sum."""
+    """Verify with BLAKE3 against verify with SHA-256 and against b3sum."""
     out = []
     sha, b3, tool = bench.find(f"{ds.key}:verify"), bench.find(f"{ds.key}:verify-blake3"), bench.find(f"{ds.key}:b3sum")
     if sha and b3:
@@ -279,7 +279,7 @@ DCP_CHUNK = "integrity_fs.dcp.save, chunk granularity"
 
 
 def dcp_lines(rows: Sequence[dcp.Row], hash_cpu_s: float, cores: int = CORES) -> list[str]:
-    """Issue 15's ``integrity_fs.dcp.save`` targets: against plain ``dcp.save`` (fsynced) and the CPU floor."""
+    """The ``integrity_fs.dcp.save`` targets: against plain ``dcp.save`` (fsynced) and the CPU floor."""
     by = {(r.contender, r.sync_files): r for r in rows}
     out: list[str] = []
 

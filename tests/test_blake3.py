@@ -96,9 +96,9 @@ def test_without_the_package_blake3_says_how_to_install_it(tmp_path: Path, monke
     assert cli_main(["verify", str(sealed)]) == 3  # unsupported algorithm: the CLI's "manifest" code
 
 
-def test_readme_blake3_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("### Algorithms", 1)[1]
+def test_docs_blake3_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "manifest.md").read_text()
+    section = page.split("## Algorithms", 1)[1]
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    exec(compile(snippet, "README.md (Algorithms)", "exec"), {})
+    exec(compile(snippet, "docs/manifest.md (Algorithms)", "exec"), {})

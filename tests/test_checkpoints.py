@@ -546,8 +546,8 @@ def test_readme_resume_example_runs(tmp_path: Path, caplog: pytest.LogCaptureFix
     """The README's save/resume loop, with a small model on local disk: a corrupted newest is skipped."""
     torch = pytest.importorskip("torch")
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = readme.index("```python\nfrom torch.distributed.checkpoint.state_dict import get_state_dict")
-    block = readme[start + len("```python\n") : readme.index("```", start + 10)]
+    [block] = [b for b in readme.split("```python\n")[1:] if "import get_state_dict, set_state_dict" in b]
+    block = block.split("```", 1)[0]
     code = block.replace('"checkpoints/run"', repr(str(tmp_path / "run")))
     assert repr(str(tmp_path / "run")) in code
     code, loop = code.split("start = resume(")

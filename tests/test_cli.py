@@ -679,9 +679,10 @@ def test_copy_between_urls(sealed: Path, s3: tuple[Backend, list[str]], tmp_path
     assert cli("verify", str(tmp_path / "copied"), "--strict").returncode == 0
 
 
-def test_readme_failure_sample_is_what_the_cli_prints(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    sample = readme.split("$ integrity-fs verify /data/step_1000\n", 1)[1].split("```", 1)[0].splitlines()
+@pytest.mark.parametrize("page", ["README.md", "docs/cli.md"])
+def test_docs_failure_sample_is_what_the_cli_prints(tmp_path: Path, page: str) -> None:
+    text = (Path(__file__).resolve().parent.parent / page).read_text(encoding="utf-8")
+    sample = text.split("$ integrity-fs verify /data/step_1000\n", 1)[1].split("```", 1)[0].splitlines()
     root = tmp_path / "step_1000"
     root.mkdir()
     (root / "model.pt").write_bytes(random.Random(3).randbytes(3 * 2**20))
