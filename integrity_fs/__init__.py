@@ -13,6 +13,7 @@ from .errors import (
 )
 from .manifest import MANIFEST_FILENAME, Manifest
 from .manifests import read_manifest
+from .read import VerifiedFile, open
 from .report import SIGNATURE_FILENAME, Problem, Report
 from .seal import seal, sign
 from .transfer import copy, download, upload
@@ -30,11 +31,13 @@ __all__ = [
     "Problem",
     "Report",
     "SignatureError",
+    "VerifiedFile",
     "copy",
     "download",
     "find_checkpoints",
     "formats",
     "latest_verified",
+    "open",
     "read_manifest",
     "seal",
     "sign",

@@ -32,7 +32,9 @@ __all__ = [
     "check_agreed",
     "check_mode",
     "group_of",
+    "name_ranks",
     "raise_first",
+    "ranks_by",
     "torch_distributed",
 ]
 
@@ -220,27 +222,27 @@ def _agreed_mode(modes: Sequence[str]) -> Mode:
 def check_agreed(values: Sequence[str], what: str) -> None:
     """``ValueError``, the same on every rank, when ranks passed different ``what`` (``values``: one
     per rank, gathered): each value named with the ranks that passed it."""
-    by_value = _ranks_by(values)
+    by_value = ranks_by(values)
     if len(by_value) > 1:
         raise ValueError(
-            f"ranks passed different {what}: " + "; ".join(f"{v} on {_ranks(r)}" for v, r in by_value.items())
+            f"ranks passed different {what}: " + "; ".join(f"{v} on {name_ranks(r)}" for v, r in by_value.items())
         )
 
 
 def _check_same_views(tokens: Sequence[tuple[str, str]]) -> None:
     """``OSError`` on every rank when ranks list different files at the URL."""
-    groups = _ranks_by([fingerprint for _where, fingerprint in tokens])
+    groups = ranks_by([fingerprint for _where, fingerprint in tokens])
     if len(groups) == 1:
         return
     raise OSError(
         f"ranks see different files at {tokens[0][0]} (names, sizes or modification times differ; "
-        f"ranks that agree: {' | '.join(map(_ranks, groups.values()))}): sharded mode needs every rank to see "
+        f"ranks that agree: {' | '.join(map(name_ranks, groups.values()))}): sharded mode needs every rank to see "
         "the same storage at the URL (shared storage, not node-local paths); use mode='rank0' to let rank 0 "
         "alone read it, or wait until every rank has finished writing"
     )
 
 
-def _ranks_by(values: Sequence[str]) -> dict[str, list[int]]:
+def ranks_by(values: Sequence[str]) -> dict[str, list[int]]:
     """The ranks holding each value, in order of first appearance."""
     out: dict[str, list[int]] = {}
     for rank, value in enumerate(values):
@@ -248,7 +250,7 @@ def _ranks_by(values: Sequence[str]) -> dict[str, list[int]]:
     return out
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def name_ranks(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 

@@ -47,12 +47,14 @@ from .collectives import (
     broadcast,
     check_mode,
     group_of,
+    name_ranks,
+    ranks_by,
 )
 from .errors import IntegrityError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit
 from .manifest import Manifest
 from .options import SealOptions, Work
-from .report import Report
+from .report import Report, printable
 from .seal import SealPlan, finish_seal, plan_seal, seal_options
 from .seal import seal as local_seal_of
 from .verify import (
@@ -73,7 +75,17 @@ if TYPE_CHECKING:
 
     from .storage.s3 import StoreChecksum
 
-__all__ = ["INSTALL_HINT", "MODES", "Failure", "Mode", "latest_verified", "seal", "shard_units", "verify"]
+__all__ = [
+    "INSTALL_HINT",
+    "MODES",
+    "Failure",
+    "Mode",
+    "agreed_candidates",
+    "latest_verified",
+    "seal",
+    "shard_units",
+    "verify",
+]
 
 URL = str | os.PathLike[str]
 
@@ -399,17 +411,8 @@ def latest_verified(
         )
     call = Call(g)
     call.agree(mode)
-    # Every rank resolves the root (each verify below runs on its own); rank 0 also lists the
-    # candidates. One collective carries both, so a failure on any rank is raised on every rank.
-    local = call.attempt(lambda: storage.resolve(root, storage_options, fs))
-    listed = None
-    if g.rank == 0 and not isinstance(local, Failure):
-        listed = call.attempt(lambda: _latest_candidates(*local))
-    gathered = all_gather(g, local if isinstance(local, Failure) else listed)
-    call.raise_first(gathered)
-    candidates = gathered[0]
-    assert isinstance(candidates, list) and not isinstance(local, Failure)
-    fs_, root_ = local
+    candidates = _agreed(g, call, root, storage_options, fs)
+    fs_, _root = storage.resolve(root, storage_options, fs)
 
     def attempt(path: str) -> Report:
         # The same exception on every rank: every rank goes on alike.
@@ -424,11 +427,52 @@ def latest_verified(
             public_key=public_key,
         )
 
-    paths = [(storage.join(root_, name), url) for name, url in candidates]
-    return checkpoints.newest_that(paths, attempt, warn=g.rank == 0)
+    return checkpoints.newest_that(candidates, attempt, warn=g.rank == 0)
+
+
+def agreed_candidates(
+    root: URL,
+    *,
+    group: ProcessGroup | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+) -> list[str]:
+    """The URLs of the checkpoints under ``root``, newest first (:func:`integrity_fs.find_checkpoints`),
+    the same on every rank of ``group``: each rank lists ``root`` itself, and a rank that cannot,
+    or lists other checkpoints (a node that does not see the run's storage), raises ``OSError``
+    on every rank naming the ranks, never a silent fresh start or roll-back. A root that no rank
+    sees yet (a run that never saved) has no candidates."""
+    g = group_of(group)
+    if g is None:
+        fs_, root_ = storage.resolve(root, storage_options, fs)
+        return [url for _path, url in _latest_candidates(fs_, root_)]
+    return [url for _path, url in _agreed(g, Call(g), root, storage_options, fs)]
+
+
+def _agreed(
+    g: Group, call: Call, root: URL, storage_options: dict[str, Any] | None, fs: fsspec.AbstractFileSystem | None
+) -> list[tuple[str, str]]:
+    """Every rank lists the candidates; all must list the same (see :func:`agreed_candidates`)."""
+
+    def mine() -> list[tuple[str, str]]:
+        return _latest_candidates(*storage.resolve(root, storage_options, fs))
+
+    listed = call.attempt(mine)
+    gathered = all_gather(g, listed)
+    call.raise_first(gathered)
+    views = [repr([url for _path, url in listing]) for listing in gathered]  # type: ignore[union-attr]
+    groups = ranks_by(views)
+    if len(groups) > 1:
+        counts = "; ".join(f"{name_ranks(ranks)}: {len(gathered[ranks[0]])} checkpoints" for ranks in groups.values())  # type: ignore[arg-type]
+        raise OSError(
+            f"ranks see different checkpoints under {printable(str(root))} ({counts}): every rank must see the "
+            "run's storage (a node without the mount would start afresh or roll back alone)"
+        )
+    assert isinstance(listed, list)
+    return listed
 
 
 def _latest_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, str]]:
-    """Rank 0: the candidates' names and URLs, newest first."""
+    """The candidates' paths and URLs, newest first."""
     names = checkpoints.names_or_none(fs, root)
-    return [(name, checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]
+    return [(storage.join(root, name), checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]

@@ -18,12 +18,14 @@ import fsspec
 from . import formats, signing, storage
 from .errors import ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
+from .options import VerifyOptions
 from .report import Problem, Report, printable
 
 __all__ = [
     "check_signature",
     "load_manifest",
     "load_manifest_if_any",
+    "manifest_in_use",
     "model_name",
     "read_manifest",
     "read_manifest_file",
@@ -110,6 +112,22 @@ def check_signature(
         report = Report(problems=tuple(problems))
         raise SignatureError(signing.describe_differences(lines), report, location)
     return manifest
+
+
+def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions) -> tuple[Manifest, str | None]:
+    """The manifest ``options`` name (the root's by default), its signature checked with
+    ``options.key``; and the name of its file when it lies inside the root (never content)."""
+    wanted, in_use = options.manifest, None
+    if wanted is None:
+        found = load_manifest(fs, root) if options.key is None else load_manifest_if_any(fs, root)
+    elif isinstance(wanted, Manifest):
+        found = wanted
+    else:
+        found, in_use = read_manifest_file(fs, root, wanted)
+    if options.key is not None:
+        found = check_signature(fs, root, found, options.key)
+    assert found is not None
+    return found, in_use
 
 
 def write_sealed(

@@ -144,20 +144,10 @@ def manifest_and_listing(
     versions: dict[str, storage.Version] | None = None,
 ) -> tuple[Manifest, dict[str, int]]:
     """The manifest to verify against and the listing to check it with (see :func:`prepare`)."""
-    in_use = None
-    wanted = options.manifest
-    if wanted is None:
-        found = manifests.load_manifest(fs, root) if options.key is None else manifests.load_manifest_if_any(fs, root)
-    elif isinstance(wanted, Manifest):
-        found = wanted
-    else:
-        found, in_use = manifests.read_manifest_file(fs, root, wanted)
+    found, in_use = manifests.manifest_in_use(fs, root, options)
     listing = dict(sizes) if sizes is not None else storage.list_files(fs, root, versions=versions)
     if in_use is not None:
         listing.pop(in_use, None)
-    if options.key is not None:
-        found = manifests.check_signature(fs, root, found, options.key)
-    assert found is not None
     return found, listing
 
 

@@ -37,6 +37,21 @@ def state(rank: int, *, empty: bool = False) -> dict[str, Any]:
     return sd
 
 
+def only_verified(target: dict[str, Any], source: dict[str, Any], empty: dict[str, Any]) -> bool:
+    """Every value of ``target`` is what the checkpoint holds (``source``: bytes that verified) or
+    what it held before the load (``empty``): never anything else (unverified bytes)."""
+    for key, value in target.items():
+        if isinstance(value, dict):
+            if not only_verified(value, source[key], empty[key]):
+                return False
+        elif isinstance(value, torch.Tensor):
+            if not (torch.equal(value, source[key]) or torch.equal(value, empty[key])):
+                return False
+        elif value not in (source[key], empty[key]):
+            return False
+    return True
+
+
 def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a.keys() != b.keys():
         return False
@@ -167,6 +182,18 @@ def run_target(
     loaded = attempt(lambda: torch_dcp.load(target, storage_reader=reader))
     out["reader"] = {**loaded, "equal": same(target, source), "report": reader.report and reader.report.to_dict()}
 
+    # A load by one rank alone inside an initialised group (conversion and evaluation jobs do
+    # this): the verifying reader starts no collective of its own, so nothing waits for rank 1.
+    dist.barrier()
+    if rank == 0:
+        target = state(rank, empty=True)
+        alone = dcp.VerifyingFsspecReader(url, **options)
+        out["subset"] = {
+            **attempt(lambda: torch_dcp.load(target, storage_reader=alone, no_dist=True)),
+            "equal": same(target, source),
+        }
+    dist.barrier()
+
     def corrupt() -> None:
         path = f"{root}/__{world - 1}_0.distcp"
         data = bytearray(fs.cat_file(path))
@@ -178,13 +205,34 @@ def run_target(
     target = state(rank, empty=True)
     out["corrupt"] = {
         **attempt(lambda: dcp.load(target, url, storage_options=options)),
-        "untouched": same(target, state(rank, empty=True)),
+        "verified-only": only_verified(target, source, state(rank, empty=True)),
     }
     target = state(rank, empty=True)
     reader = dcp.VerifyingFsspecReader(url, **options)
     out["reader-corrupt"] = {
         **attempt(lambda: torch_dcp.load(target, storage_reader=reader)),
-        "untouched": same(target, state(rank, empty=True)),
+        "verified-only": only_verified(target, source, state(rank, empty=True)),
+    }
+
+    # Each rank's own state alone (no tensor shared), damaged in every rank's file: each rank
+    # finds damage no other rank reads, and every rank raises one verdict naming all of it.
+    own_url = url + "-own"
+    own = {f"rank{rank}": torch.full((50_000,), float(rank + 1))}
+    dcp.save(own, own_url, storage_options=options)
+
+    def corrupt_every_file() -> None:
+        for r in range(world):
+            path = f"{root}-own/__{r}_0.distcp"
+            data = bytearray(fs.cat_file(path))
+            data[len(data) // 2] ^= 1
+            fs.pipe_file(path, bytes(data))
+        fs.invalidate_cache()
+
+    on_rank0(rank, corrupt_every_file)
+    target = {f"rank{rank}": torch.zeros(50_000)}
+    out["corrupt-every-file"] = {
+        **attempt(lambda: dcp.load(target, own_url, storage_options=options)),
+        "verified-only": not target[f"rank{rank}"].any(),
     }
 
     if async_process:

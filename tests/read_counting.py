@@ -74,7 +74,8 @@ class LocalReads:
 
 
 class CountingS3Server:
-    """A moto S3 server on 127.0.0.1 (a free port) that records the path of every object GET."""
+    """A moto S3 server on 127.0.0.1 (a free port) that records the path of every object GET and
+    counts the bytes of content it served (``bytes_served``: object path -> bytes)."""
 
     def __init__(self) -> None:
         from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -82,6 +83,7 @@ class CountingS3Server:
 
         self._moto = DomainDispatcherApplication(create_backend_app)
         self._gets: list[str] = []
+        self.bytes_served: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server = make_server("127.0.0.1", 0, self._app, threaded=True, request_handler=MotoRequestHandler)
         self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
@@ -97,9 +99,28 @@ class CountingS3Server:
             return [body]
         bucket, _, key = path.lstrip("/").partition("/")
         if environ.get("REQUEST_METHOD") == "GET" and bucket and key:
+            name = unquote(path.lstrip("/"))
             with self._lock:
-                self._gets.append(unquote(path.lstrip("/")))
+                self._gets.append(name)
+            return self._counted(name, self._moto(environ, start_response))
         return self._moto(environ, start_response)
+
+    def _counted(self, name: str, body: Any) -> Any:
+        try:
+            for piece in body:
+                with self._lock:
+                    self.bytes_served[name] = self.bytes_served.get(name, 0) + len(piece)
+                yield piece
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+    def served_under(self, url: str) -> int:
+        """Bytes of content served so far for objects under the S3 ``url``."""
+        prefix = url.removeprefix("s3://").rstrip("/") + "/"
+        with self._lock:
+            return sum(n for name, n in self.bytes_served.items() if name.startswith(prefix))
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -398,26 +398,27 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def test_load_latest_loads_the_older_checkpoint_after_the_newest_is_corrupted(
     store: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from integrity_fs import core, dcp
+    from integrity_fs import dcp
 
     opts = store.storage_options
     for value in (100, 200, 300):
         dcp.save(_dcp_state(value), _url(store, f"step_{value}"), storage_options=opts)
     store.corrupt("step_200/__0_0.distcp", 500)
     store.remove(f"step_300/{MANIFEST_FILENAME}")
-    verified: list[str] = []
-    original = core.verify
+    loaded: list[str] = []
+    original = dcp.load
 
-    def spy(url: Any, **kwargs: Any) -> Any:
-        verified.append(str(url).rsplit("/", 1)[-1])
-        return original(url, **kwargs)
+    def spy(state_dict: Any, url: Any, **kwargs: Any) -> Any:
+        loaded.append(str(url).rsplit("/", 1)[-1])
+        assert kwargs.get("verify", True), "a candidate is loaded verified, in one pass"
+        return original(state_dict, url, **kwargs)
 
-    monkeypatch.setattr(core, "verify", spy)
+    monkeypatch.setattr(dcp, "load", spy)
     caplog.set_level(logging.WARNING, logger="integrity_fs")
     target = _dcp_state(0)
     assert dcp.load_latest(target, store.url, storage_options=opts) == _url(store, "step_100")
     assert _same(target, _dcp_state(100))
-    assert verified == ["step_300", "step_200", "step_100"]  # each once: the load does not verify again
+    assert loaded == ["step_300", "step_200", "step_100"]  # each once: the load is the verification
     assert [m.split(" (")[1].split(")")[0] for m in _warnings(caplog)] == ["unsealed", "damaged"]
 
     store.corrupt("step_100/.metadata", 3)
@@ -477,7 +478,7 @@ def test_load_latest_on_two_ranks_makes_the_same_choice(two_ranks: Any, target: 
 def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> None:
     per_rank = two_ranks[target]
     none = _one(per_rank, "none")
-    assert none == {"type": "NoneType", "value": None, "untouched": True}
+    assert none == {"type": "NoneType", "value": None, "verified_only": True}
     assert _one(per_rank, "file_root")["type"] == "NotADirectoryError"
     assert _one(per_rank, "missing_root") == {"type": "NoneType", "value": None}
     differ = _one(per_rank, "modes_differ")

@@ -2,11 +2,13 @@
 
 - :func:`save`: each rank hashes the files it writes while it writes them (no second read); the
   digests travel to the coordinator with DCP's write results, and the coordinator writes the
-  manifest after ``.metadata`` (which it hashes too), once every rank has finished.
-- :func:`load`: verifies first (:func:`integrity_fs.distributed.verify`, sharded over the ranks),
-  then loads; a corrupt checkpoint raises :class:`~integrity_fs.IntegrityError` on every rank and
-  leaves ``state_dict`` untouched. A checkpoint without a manifest loads as before, with an INFO
-  log line, unless ``require_manifest=True``.
+  manifest after ``.metadata`` (which it hashes too), once every rank has finished. Chunk
+  granularity by default, so that any default save loads in one pass.
+- :func:`load`: one pass: each byte is read once, hashed as it is read, and handed to DCP only
+  once the unit holding it verified; damage raises :class:`~integrity_fs.IntegrityError` on every
+  rank before any damaged byte reaches ``state_dict``. A checkpoint without a manifest loads as
+  before, with an INFO log line, unless ``require_manifest=True``.
+- :func:`load_latest`: the newest checkpoint that loads verified, the same choice on every rank.
 - The pieces, for DCP flows of your own: :class:`HashingFsspecWriter` (a ``StorageWriter``) and
   :class:`VerifyingFsspecReader` (a ``StorageReader``).
 """
@@ -17,20 +19,24 @@ import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import distributed, signing
-from ..collectives import INSTALL_HINT, Call, Failure, all_gather, broadcast, check_agreed, group_of
-from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY
+from .. import signing
+from ..checkpoints import newest_that
+from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of
+from ..distributed import agreed_candidates
+from ..errors import IntegrityError
+from ..hashing import DEFAULT_ALGORITHM
 from ..manifest import Manifest
-from ..report import Report
-from .reader import VerifiedFileSystem, VerifyingFsspecReader, listed_stamps, verify_or_skip
+from ..report import Problem, Report
+from .reader import Checkpoint, VerifyingFsspecReader, check_listing, load_manifest
 from .writer import HashingFsspecWriter, WrittenFile
 
 try:
     from torch.distributed.checkpoint._extension import ExtensionRegistry
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -39,7 +45,6 @@ except ImportError as exc:
     raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
 
 if TYPE_CHECKING:
-    import fsspec
     from torch.distributed import ProcessGroup
 
 __all__ = ["HashingFsspecWriter", "VerifyingFsspecReader", "WrittenFile", "load", "load_latest", "save"]
@@ -56,7 +61,7 @@ def save(
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
     algorithm: str = DEFAULT_ALGORITHM,
-    granularity: str = DEFAULT_GRANULARITY,
+    granularity: str = "chunk",
     chunk_size: int | None = None,
     planner: SavePlanner | None = None,
     private_key: signing.PrivateKey | None = None,
@@ -116,21 +121,32 @@ def load(
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
     require_manifest: bool = False,
-    mode: distributed.Mode = "sharded",
+    mode: str = "sharded",
     max_workers: int | None = None,
     strict: bool = False,
     planner: LoadPlanner | None = None,
     manifest: Manifest | URL | None = None,
+    public_key: signing.PublicKey | None = None,
     _extension_registry: ExtensionRegistry | None = None,
 ) -> Report | None:
-    """Verify the checkpoint at ``url``, then ``dcp.load`` it into ``state_dict`` (in place).
+    """``dcp.load`` of the checkpoint at ``url`` into ``state_dict`` (in place), hashing each byte
+    as it is read: DCP receives the bytes of a unit (chunk, or whole file) only once it verified.
 
-    A collective over ``process_group``, like ``dcp.load``. Raises what
-    :func:`integrity_fs.distributed.verify` raises (the same on every rank) before any tensor is
-    read. Returns the verification report, or ``None`` when nothing was verified (``verify=False``,
-    or no manifest and ``require_manifest=False``). ``manifest`` is as for :func:`integrity_fs.verify`.
+    A collective over ``process_group``, like ``dcp.load``. Before anything is read, rank 0's
+    manifest (its signature checked with ``public_key``) is shared and every rank checks its
+    listing against it: a missing, resized or (``strict``) extra file raises ``IntegrityError`` on
+    every rank, and ``state_dict`` is untouched. A unit that does not match raises
+    ``IntegrityError`` before any of its bytes reaches ``state_dict``, on every rank, with every
+    rank's problems; a file rewritten while it is read raises ``FileChangedError``. The other
+    ranks' ``state_dict`` then hold only verified bytes of this checkpoint (what they had read).
+
+    Returns what was verified: ``files_checked`` the files some rank read, ``bytes_checked`` the
+    bytes hashed (in a partial load, files no rank reads are covered by the listing check only);
+    ``None`` when nothing was verified (``verify=False``, or no manifest and
+    ``require_manifest=False``). ``manifest`` is as for :func:`integrity_fs.verify`.
     ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
-    (``save(..., _extensions=[...])``), as in DCP.
+    (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are accepted for
+    compatibility and not used: each rank verifies what it reads.
     """
     g = group_of(process_group)
     if g is not None:
@@ -138,30 +154,113 @@ def load(
         # runs next: ranks that differ would wait for each other in different ones.
         choice = f"verify={verify!r}" + (f", require_manifest={require_manifest!r}" if verify else "")
         check_agreed(all_gather(g, choice), "arguments to dcp.load")
-    report = None
-    if verify:
-        # What each file is (size, version stamp) before it is verified: the reads below must find
-        # it so, or they would load bytes that no verification saw (a file rewritten meanwhile).
-        stamps = listed_stamps(url, storage_options)
-        report = verify_or_skip(
-            url,
-            process_group=process_group,
-            storage_options=storage_options,
-            require_manifest=require_manifest,
-            mode=mode,
-            max_workers=max_workers,
-            strict=strict,
-            manifest=manifest,
-        )
-    reader = FsspecReader(url, **(storage_options or {}))
-    reader.transforms = _StorageReaderTransforms(_extension_registry)
-    if report is not None:
-        resolved: fsspec.AbstractFileSystem = reader.fs.fs  # type: ignore[attr-defined]  # set by FsspecReader
-        reader.fs = VerifiedFileSystem(resolved, os.fspath(reader.path), stamps, report)  # type: ignore[assignment]
-    no_dist = g is None
+    if not verify:
+        plain = FsspecReader(url, **(storage_options or {}))
+        plain.transforms = _StorageReaderTransforms(_extension_registry)
+        _run(state_dict, plain, planner, process_group)
+        return None
+    reader = VerifyingFsspecReader(
+        url,
+        require_manifest=require_manifest,
+        strict=strict,
+        manifest=manifest,
+        public_key=public_key,
+        _extension_registry=_extension_registry,
+        **(storage_options or {}),
+    )
+    reader.use(_prepare(g, url, storage_options, manifest, public_key, require_manifest, strict))
+    try:
+        _run(state_dict, reader, planner, process_group)
+    except CheckpointException as exc:
+        verdict = _verdict(g, reader.failure)
+        if verdict is None:
+            raise
+        raise verdict from exc
+    return _report(g, reader)
+
+
+def _run(state_dict: dict[str, Any], reader: Any, planner: LoadPlanner | None, process_group: Any) -> None:
+    no_dist = group_of(process_group) is None
     with _single_process_quietly(no_dist):
         dcp_load(state_dict, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
-    return report
+
+
+def _prepare(
+    g: Group | None,
+    url: URL,
+    storage_options: dict[str, Any] | None,
+    manifest: Manifest | URL | None,
+    public_key: Any,
+    require_manifest: bool,
+    strict: bool,
+) -> Checkpoint:
+    """Rank 0's manifest for every rank, each rank's listing checked against it; the merged
+    verdict on every rank when any rank's check fails."""
+
+    def manifest_here() -> tuple[Manifest, str | None] | None:
+        return load_manifest(
+            url, storage_options, manifest=manifest, public_key=public_key, require_manifest=require_manifest
+        )
+
+    if g is None:
+        return check_listing(url, storage_options, manifest_here(), strict=strict)
+    call = Call(g)
+    shared = broadcast(g, call.attempt(manifest_here) if g.rank == 0 else None)
+    mine = (
+        shared
+        if isinstance(shared, Failure)
+        else call.attempt(lambda: check_listing(url, storage_options, shared, strict=strict))
+    )
+    outcomes = all_gather(g, mine if isinstance(mine, Failure) else None)
+    if call.interrupt is not None:
+        raise call.interrupt
+    merged = _merged(outcomes)
+    if merged is not None:
+        raise merged
+    call.raise_first(outcomes)
+    assert isinstance(mine, Checkpoint)
+    return mine
+
+
+def _verdict(g: Group | None, failure: BaseException | None) -> BaseException | None:
+    """What a failed load raises on this rank: every rank's integrity problems merged, else the
+    first rank's verdict; ``None`` when no rank's verified read failed (DCP's own error stands)."""
+    if g is None:
+        return failure
+    outcomes = all_gather(g, None if failure is None else Failure.from_exception(failure, g.rank))
+    merged = _merged(outcomes)
+    if merged is not None:
+        return merged
+    first = next((o for o in outcomes if isinstance(o, Failure)), None)
+    return None if first is None else first.to_exception()
+
+
+def _merged(outcomes: Sequence[Failure | None]) -> IntegrityError | None:
+    """One ``IntegrityError`` holding every rank's problems (each once), when any rank found damage."""
+    found = [o for o in outcomes if isinstance(o, Failure) and o.type_name == "IntegrityError" and o.report]
+    if not found:
+        return None
+    problems: dict[tuple[str, str, tuple[tuple[int, int], ...]], Problem] = {}
+    for failure in found:
+        assert failure.report is not None
+        for problem in failure.report.problems:
+            problems.setdefault((problem.path, problem.kind, problem.byte_ranges), problem)
+    first = found[0].report
+    assert first is not None
+    report = Report(problems=tuple(sorted(problems.values(), key=lambda p: (p.path, p.kind))), extra=first.extra)
+    return IntegrityError(report, found[0].location)
+
+
+def _report(g: Group | None, reader: VerifyingFsspecReader) -> Report | None:
+    """What every rank verified, together (``None``: an unsealed checkpoint, read unverified)."""
+    mine = reader.report
+    if g is None or mine is None:
+        return mine
+    checkpoint = reader.checkpoint
+    assert checkpoint is not None
+    gathered = all_gather(g, (sorted(checkpoint.files_read), checkpoint.bytes_verified))
+    files = {name for names, _ in gathered for name in names}
+    return Report(extra=mine.extra, files_checked=len(files), bytes_checked=sum(n for _, n in gathered))
 
 
 @contextlib.contextmanager
@@ -181,33 +280,40 @@ def load_latest(
     *,
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
-    mode: distributed.Mode = "sharded",
+    mode: str = "sharded",
     max_workers: int | None = None,
     strict: bool = False,
     quick: bool = False,
     planner: LoadPlanner | None = None,
     public_key: signing.PublicKey | None = None,
 ) -> str | None:
-    """Load the newest checkpoint under ``root`` that verifies into ``state_dict``; its URL, or ``None``.
+    """Load the newest checkpoint under ``root`` that loads verified into ``state_dict``; its URL,
+    or ``None``.
 
-    A collective over ``process_group``, like :func:`load`: every rank makes the same choice
-    (:func:`integrity_fs.distributed.latest_verified`, which skips unsealed, invalid and damaged
-    checkpoints with a WARNING each and raises storage errors), then loads it without verifying a
-    second time. With no checkpoint that verifies (or no ``root`` yet), ``state_dict`` is untouched.
-    With ``public_key``, only a checkpoint whose signature verifies is loaded.
+    A collective over ``process_group``, like :func:`load`: the ranks first agree on the candidates
+    (a rank that cannot list ``root``, or lists other checkpoints, is an ``OSError`` on every
+    rank), then load them newest first with :func:`load` (one pass, every byte verified as it is
+    read), skipping unsealed, invalid, damaged, badly signed and changing ones with a WARNING
+    each, the same on every rank; a storage error is raised. A candidate found damaged part-way
+    leaves verified bytes of it in ``state_dict``; the next one is loaded over them. With none
+    that loads (or no ``root`` yet), ``None``, and ``state_dict`` holds what it held (or such bytes).
+    With ``public_key``, only a checkpoint whose signature verifies is loaded. ``mode``,
+    ``max_workers`` and ``quick`` are accepted for compatibility and not used.
     """
-    found = distributed.latest_verified(
-        root,
-        group=process_group,
-        mode=mode,
-        quick=quick,
-        strict=strict,
-        storage_options=storage_options,
-        max_workers=max_workers,
-        public_key=public_key,
-    )
-    if found is None:
-        return None
-    url, _ = found
-    load(state_dict, url, verify=False, storage_options=storage_options, process_group=process_group, planner=planner)
-    return url
+    g = group_of(process_group)
+    candidates = agreed_candidates(root, group=process_group, storage_options=storage_options)
+
+    def attempt(url: str) -> Report | None:
+        return load(
+            state_dict,
+            url,
+            storage_options=storage_options,
+            process_group=process_group,
+            require_manifest=True,
+            strict=strict,
+            planner=planner,
+            public_key=public_key,
+        )
+
+    found = newest_that([(url, url) for url in candidates], attempt, warn=g is None or g.rank == 0)
+    return None if found is None else found[0]

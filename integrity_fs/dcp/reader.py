@@ -1,4 +1,10 @@
-"""The reader side of ``dcp.load``: DCP's ``FsspecReader`` that reads only what the manifest covers.
+"""The reader side of ``dcp.load``: DCP's ``FsspecReader`` whose streams return only verified bytes.
+
+Before anything is read, the checkpoint's listing is checked against its manifest (names, sizes):
+a missing or truncated file fails at once. Then DCP reads each file through a
+:class:`~integrity_fs.read.VerifiedFile`: every unit (chunk, or whole file) is read once, pinned to
+the version listed, hashed as it lands, and handed to DCP only once it matched. The items of a
+file are read in offset order, so each unit is read once and dropped once DCP has passed it.
 
 Internal: the public names are re-exported by ``integrity_fs.dcp``.
 """
@@ -9,15 +15,19 @@ import contextlib
 import io
 import logging
 import os
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import distributed, storage
+from .. import storage
 from ..collectives import INSTALL_HINT
 from ..errors import IntegrityError, ManifestNotFoundError
 from ..manifest import Manifest
-from ..report import Problem, Report
-from ..verify import verify as local_verify
+from ..manifests import manifest_in_use
+from ..read import Buffers, Entry, VerifiedFile
+from ..report import Problem, Report, printable
+from ..verify import Prepared, plan_verification, verify_options
 
 try:
     from torch.distributed.checkpoint._extension import ExtensionRegistry
@@ -25,6 +35,8 @@ try:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+    from torch.futures import Future
 except ImportError as exc:
     raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
 
@@ -32,77 +44,128 @@ if TYPE_CHECKING:
     import fsspec
     from torch.distributed import ProcessGroup
 
-__all__ = ["VerifyingFsspecReader"]
+__all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader"]
 
 log = logging.getLogger("integrity_fs")
 
 URL = str | os.PathLike[str]
 
 
-def listed_stamps(url: URL, storage_options: dict[str, Any] | None) -> dict[str, tuple[int, str]] | Exception:
-    """Each file's size and version stamp (mtime, ETag) as listed now; the failure to list, kept
-    to be raised inside DCP's read step (where every rank learns of it) rather than before a collective."""
+@dataclass
+class Checkpoint:
+    """What a verified load reads against: the manifest (``None``: unsealed, read unverified),
+    this rank's listing of the root (sizes and versions), and what this rank has verified."""
+
+    manifest: Manifest | None
+    prepared: Prepared | None = None
+    versions: dict[str, storage.Version] = field(default_factory=dict)
+    files_read: set[str] = field(default_factory=set)
+    bytes_verified: int = 0
+    failure: BaseException | None = None  # the first thing a verified read raised on this rank
+
+    def report(self) -> Report:
+        extra = self.prepared.plan.extra if self.prepared is not None else ()
+        return Report(extra=extra, files_checked=len(self.files_read), bytes_checked=self.bytes_verified)
+
+
+def load_manifest(
+    url: URL,
+    storage_options: dict[str, Any] | None,
+    *,
+    manifest: Manifest | URL | None,
+    public_key: Any,
+    require_manifest: bool,
+) -> tuple[Manifest, str | None] | None:
+    """The manifest a load reads against (its signature checked with ``public_key``) and the name
+    of its file when it is inside the root; ``None`` for a checkpoint that has none, when that is
+    allowed (:func:`check_listing` logs it)."""
+    fs, root = storage.resolve(url, storage_options)
     try:
-        fs, root = storage.resolve(url, storage_options)
-        stamps: dict[str, str] = {}
-        sizes = storage.list_files(fs, root, stamps=stamps)
-    except Exception as exc:
-        return exc
-    return {name: (size, stamps.get(name, "")) for name, size in sizes.items()}
+        return manifest_in_use(fs, root, verify_options(manifest=manifest, public_key=public_key))
+    except ManifestNotFoundError:
+        if require_manifest:
+            raise
+        return None
+
+
+def check_listing(
+    url: URL, storage_options: dict[str, Any] | None, found: tuple[Manifest, str | None] | None, *, strict: bool
+) -> Checkpoint:
+    """This rank's listing of the checkpoint, checked against the manifest ``found`` (and the
+    name of its file, left out of the listing) before anything is read: a missing, resized or
+    (``strict``) extra file is an ``IntegrityError`` at once."""
+    fs, root = storage.resolve(url, storage_options)
+    if found is None:
+        log.info("%s has no manifest: loading it unverified", printable(storage.describe(fs, root)))
+        return Checkpoint(None)
+    manifest, in_use = found
+    checkpoint = Checkpoint(manifest)
+    sizes = storage.list_files(fs, root, versions=checkpoint.versions)
+    if in_use is not None:
+        sizes.pop(in_use, None)
+    plan = plan_verification(manifest, sizes, strict=strict, quick=True)
+    location = storage.describe(fs, root)
+    if plan.problems:
+        raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), location)
+    checkpoint.prepared = Prepared(manifest, plan, location)
+    return checkpoint
 
 
 class VerifiedFileSystem(_FsspecFileSystem):
-    """DCP's fsspec file system for reading a verified checkpoint: each file is read only if it is
-    one the manifest covers and its size and version stamp are still those listed before it was
-    verified (checked when it is opened, and again when it is closed)."""
+    """DCP's fsspec file system for reading a sealed checkpoint: a file opened for reading is a
+    :class:`~integrity_fs.read.VerifiedFile` of that file (a file the manifest does not cover is
+    an ``IntegrityError``, never read)."""
 
-    def __init__(
-        self,
-        fs: fsspec.AbstractFileSystem,
-        root: str,
-        stamps: dict[str, tuple[int, str]] | Exception,
-        report: Report,
-    ) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, checkpoint: Checkpoint) -> None:
         super().__init__()
+        assert checkpoint.prepared is not None
         self.fs = fs
         self._root = root.rstrip("/") + "/"
-        self.listed_stamps = stamps
-        self._extra = set(report.extra)
+        self._checkpoint = checkpoint
+        self._buffers = Buffers()
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def create_stream(self, path: URL, mode: str) -> Iterator[io.IOBase]:
-        self._check(path, "before it was read")
-        with super().create_stream(path, mode) as stream:
-            yield stream
-        self._check(path, "while it was read")
-
-    def _check(self, path: URL, when: str) -> None:
-        if isinstance(self.listed_stamps, Exception):
-            raise self.listed_stamps
+        if "w" in mode or "a" in mode or "+" in mode:
+            raise ValueError(f"a verified checkpoint is read-only, not opened with mode {mode!r}")
+        checkpoint = self._checkpoint
+        prepared = checkpoint.prepared
+        assert prepared is not None and self.fs is not None
         full = os.fspath(path)
         name = full[len(self._root) :] if full.startswith(self._root) else full
-        if name in self._extra or name not in self.listed_stamps:
-            raise IntegrityError(Report(problems=(Problem(name, "extra"),)), self._root.rstrip("/"))
-        assert self.fs is not None
-        self.fs.invalidate_cache(full)
-        info = self.fs.info(full)
-        if (int(info["size"]), storage.stamp_of(info)) != self.listed_stamps[name]:
-            raise OSError(
-                f"{self._root}{name} changed after it was verified ({when}: its size or modification "
-                "time differs): something is rewriting the checkpoint; not loaded from it"
+        try:
+            if name not in prepared.manifest.files:
+                raise IntegrityError(Report(problems=(Problem(name, "extra"),)), prepared.location)
+            size = prepared.plan.sizes[name]
+            entry = Entry(
+                self.fs, full, name, size, checkpoint.versions.get(name), prepared.manifest, prepared.location
             )
+            with VerifiedFile(entry, buffers=self._buffers) as stream:
+                try:
+                    yield stream
+                finally:
+                    with self._lock:
+                        checkpoint.files_read.add(name)
+                        checkpoint.bytes_verified += stream.bytes_verified
+        except BaseException as exc:
+            if checkpoint.failure is None and isinstance(exc, Exception):
+                checkpoint.failure = exc
+            raise
 
 
 class VerifyingFsspecReader(FsspecReader):
-    """An ``FsspecReader`` that verifies the checkpoint before it reads ``.metadata``.
+    """An ``FsspecReader`` that hands DCP only verified bytes, each read once.
 
-    ``read_metadata`` is the first thing ``dcp.load`` calls on every rank; with ``collective=True``
-    (the default) it runs :func:`integrity_fs.distributed.verify` over ``process_group``, so every
-    rank of that group must call it, as ``dcp.load`` does. With ``collective=False`` each process
-    verifies on its own (for ``no_dist`` loads). ``dcp.load`` wraps the verdict in its
-    ``CheckpointException``; :func:`integrity_fs.dcp.load` raises it as it is.
-    ``_extension_registry`` (DCP's experimental ``ExtensionRegistry``, as ``FileSystemReader``
-    takes it) resolves the stream extensions the checkpoint was saved with.
+    On ``read_metadata`` (the first thing ``dcp.load`` calls on every rank) the manifest is read
+    (and its signature checked with ``public_key``) and the listing compared with it; then every
+    file, ``.metadata`` first, is read through a verified stream. It starts no collective of its
+    own: DCP gathers each rank's failure in its read step and raises it on every rank (in its
+    ``CheckpointException``); :func:`integrity_fs.dcp.load` raises the merged verdict as it is. A
+    checkpoint without a manifest is read unverified (logged at INFO) unless ``require_manifest``.
+    ``_extension_registry`` (DCP's experimental ``ExtensionRegistry``) resolves the stream
+    extensions the checkpoint was saved with. ``process_group``, ``collective``, ``mode`` and
+    ``max_workers`` are accepted for compatibility and not used: each rank verifies what it reads.
     """
 
     def __init__(
@@ -110,11 +173,13 @@ class VerifyingFsspecReader(FsspecReader):
         path: URL,
         *,
         require_manifest: bool = False,
+        strict: bool = False,
+        manifest: Manifest | URL | None = None,
+        public_key: Any = None,
         process_group: ProcessGroup | None = None,
         collective: bool = True,
-        mode: distributed.Mode = "sharded",
+        mode: str = "sharded",
         max_workers: int | None = None,
-        strict: bool = False,
         _extension_registry: ExtensionRegistry | None = None,
         **storage_options: Any,
     ) -> None:
@@ -123,73 +188,69 @@ class VerifyingFsspecReader(FsspecReader):
         # with custom extensions (the writer's ``_extensions``) cannot be read back.
         self.transforms = _StorageReaderTransforms(_extension_registry)
         self._storage_options = storage_options
-        self._options: dict[str, Any] = {
-            "require_manifest": require_manifest,
-            "mode": mode,
-            "max_workers": max_workers,
-            "strict": strict,
-        }
-        self._process_group = process_group
-        self._collective = collective
-        self.report: Report | None = None
-        self._verdict: Exception | None = None
-        self._verified = False
+        self._require_manifest = require_manifest
+        self._strict = strict
+        self._manifest_arg = manifest
+        self._public_key = public_key
+        self._store: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecReader
+        self.checkpoint: Checkpoint | None = None
+        self._verdict: BaseException | None = None
+
+    @property
+    def report(self) -> Report | None:
+        """What this rank verified (``None`` when nothing was: an unsealed checkpoint)."""
+        if self.checkpoint is None or self.checkpoint.manifest is None:
+            return None
+        return self.checkpoint.report()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first verdict raised on this rank: before reading, or by a verified read."""
+        return self._verdict or (self.checkpoint.failure if self.checkpoint is not None else None)
 
     def reset(self, checkpoint_id: URL | None = None) -> None:
         super().reset(checkpoint_id)
-        self.report, self._verdict, self._verified = None, None, False
+        self._store = self.fs.fs  # type: ignore[attr-defined]
+        self.checkpoint, self._verdict = None, None
+
+    def use(self, checkpoint: Checkpoint) -> None:
+        """Read against ``checkpoint`` (a manifest and listing prepared by the caller, as
+        ``dcp.load`` does collectively) instead of preparing one in ``read_metadata``."""
+        self.checkpoint = checkpoint
+        if checkpoint.manifest is not None:
+            self.fs = VerifiedFileSystem(  # type: ignore[assignment]  # DCP annotates its local FileSystem
+                self._store, os.fspath(self.path), checkpoint
+            )
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        self._verify_once()
-        return super().read_metadata(*args, **kwargs)
-
-    def _verify_once(self) -> None:
-        """Verify on the first call; later calls (DCP retries) repeat the verdict without collectives."""
-        if not self._verified:
-            self._verified = True
-            try:
-                self.report = verify_or_skip(
-                    self.path,
-                    process_group=self._process_group,
-                    storage_options=self._storage_options,
-                    local=not self._collective,
-                    **self._options,
-                )
-            except Exception as exc:
-                self._verdict = exc
         if self._verdict is not None:
             raise self._verdict
+        if self.checkpoint is None:
+            try:
+                found = load_manifest(
+                    self.path,
+                    self._storage_options,
+                    manifest=self._manifest_arg,
+                    public_key=self._public_key,
+                    require_manifest=self._require_manifest,
+                )
+                self.use(check_listing(self.path, self._storage_options, found, strict=self._strict))
+            except Exception as exc:
+                self._verdict = exc
+                raise
+        return super().read_metadata(*args, **kwargs)
 
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """DCP's reads, in offset order within each file: every unit is then read once."""
 
-def verify_or_skip(
-    url: URL,
-    *,
-    process_group: ProcessGroup | None,
-    storage_options: dict[str, Any] | None,
-    require_manifest: bool,
-    mode: distributed.Mode,
-    max_workers: int | None,
-    strict: bool,
-    local: bool = False,
-    manifest: Manifest | URL | None = None,
-) -> Report | None:
-    """Verify (collectively unless ``local``); a missing manifest is logged and skipped unless required."""
-    try:
-        if local:
-            return local_verify(
-                url, storage_options=storage_options, max_workers=max_workers, strict=strict, manifest=manifest
-            )
-        return distributed.verify(
-            url,
-            group=process_group,
-            mode=mode,
-            storage_options=storage_options,
-            max_workers=max_workers,
-            strict=strict,
-            manifest=manifest,
-        )
-    except ManifestNotFoundError:
-        if require_manifest:
-            raise
-        log.info("%s has no %s: loading it unverified", url, "manifest")
-        return None
+        def where(item: Any) -> tuple[str, int]:
+            info = self.storage_data[item.storage_index]
+            return str(info.relative_path), int(info.offset)
+
+        ordered = LoadPlan(sorted(plan.items, key=where), plan.storage_data, plan.planner_data)
+        return super().read_data(ordered, planner)
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        if isinstance(file, VerifiedFile):
+            file.release_before(sinfo.offset)  # items come in offset order: what lies before is done
+        return super()._slice_file(file, sinfo)

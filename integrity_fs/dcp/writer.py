@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import manifests, signing, storage
 from ..collectives import INSTALL_HINT
-from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, chunk_range
+from ..hashing import DEFAULT_ALGORITHM, Unit, chunk_range
 from ..manifest import Manifest
 from ..options import Hashing
 from ..seal import build_manifest, load_signing_key
@@ -73,7 +73,7 @@ class HashingFsspecWriter(FsspecWriter):
         path: URL,
         *,
         algorithm: str = DEFAULT_ALGORITHM,
-        granularity: str = DEFAULT_GRANULARITY,
+        granularity: str = "chunk",
         chunk_size: int | None = None,
         private_key: signing.PrivateKey | None = None,
         **kwargs: Any,

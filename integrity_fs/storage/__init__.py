@@ -5,7 +5,17 @@ Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
-from .listing import NOT_CONTENT, Version, check_root, exists, forget_cached, list_dirs, list_files, stamp_of
+from .listing import (
+    NOT_CONTENT,
+    Version,
+    check_root,
+    exists,
+    forget_cached,
+    list_dirs,
+    list_files,
+    stamp_of,
+    stat_file,
+)
 from .read import (
     BLOCK_SIZE,
     ProgressFn,
@@ -54,6 +64,7 @@ __all__ = [
     "remove_file",
     "resolve",
     "stamp_of",
+    "stat_file",
     "storage_errors",
     "store_checksums",
     "write_atomic",

@@ -34,6 +34,7 @@ __all__ = [
     "list_files",
     "local_identity",
     "stamp_of",
+    "stat_file",
     "version_of",
 ]
 
@@ -76,6 +77,31 @@ def local_identity(st: os.stat_result) -> int:
     device, inode, size, and modification and change times in nanoseconds (ctime moves even when
     a writer puts mtime back). One int, not the tuple: 100,000 files hold ~10 MB less."""
     return hash((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+
+def stat_file(fs: fsspec.AbstractFileSystem, root: str, name: str) -> tuple[int | None, Version | None]:
+    """The size and version of the file ``name`` under ``root`` as the store says now (one
+    request, no cache); ``(None, None)`` when there is no regular file there that a listing would
+    show (gone, a directory, a special file, a symlink leaving the root)."""
+    path = f"{root.rstrip('/')}/{name}"
+    if is_local(fs):
+        try:
+            st = os.stat(path)
+            inside = os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) == os.path.realpath(root)
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None, None
+        if not stat.S_ISREG(st.st_mode) or not inside:
+            return None, None
+        return st.st_size, local_identity(st)
+    with storage_errors(f"checking {describe(fs, path)}"):
+        forget_cached(fs, path)
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return None, None
+    if info.get("type", "file") != "file":
+        return None, None
+    return int(info["size"]), version_of(fs, info)
 
 
 def check_root(fs: fsspec.AbstractFileSystem, root: str) -> None:

@@ -1,0 +1,244 @@
+"""dcp.load in one pass: each byte read once, hashed as it is read, handed to DCP only once the
+unit holding it verified; the listing checked first; one version of each file.
+
+Local reads are counted by the kernel (``rchar`` of /proc/self/io: bytes this process read),
+S3 reads by a moto front that counts the bytes it served.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import BUCKET, Backend  # noqa: E402
+from read_counting import CountingS3Server  # noqa: E402
+
+import integrity_fs as ifs  # noqa: E402
+from integrity_fs import FileChangedError, IntegrityError, dcp  # noqa: E402
+
+CHUNK = 256 * 1024
+
+
+def _state(seed: int = 0) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    return {f"t{i}": torch.randn(100_000, generator=gen) for i in range(6)} | {"step": 42}
+
+
+def _empty() -> dict[str, Any]:
+    return {f"t{i}": torch.zeros(100_000) for i in range(6)} | {"step": 0}
+
+
+def _verified_only(target: dict[str, Any], source: dict[str, Any]) -> list[str]:
+    """The tensors of ``target`` loaded (equal to ``source``); raises if any holds anything else."""
+    loaded = []
+    for name, value in target.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if torch.equal(value, source[name]):
+            loaded.append(name)
+        else:
+            assert not value.any(), f"{name} holds bytes that no verification saw"
+    return loaded
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io", encoding="ascii") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _total(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.iterdir() if p.name != ifs.MANIFEST_FILENAME)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts reads with /proc/self/io (Linux)")
+def test_a_verified_load_reads_each_byte_once(tmp_path: Path) -> None:
+    url = tmp_path / "ckpt"
+    dcp.save(_state(), url, granularity="chunk", chunk_size=CHUNK)
+    target = _empty()
+    before = _bytes_read()
+    report = dcp.load(target, url)
+    read = _bytes_read() - before
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)] and target["step"] == 42
+    assert report is not None and report.bytes_checked == _total(url) and report.files_checked == 2
+    # Each byte once (the manifest and the reader's look for the end of each unit aside).
+    assert _total(url) <= read <= _total(url) * 1.02 + 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def counting_s3(s3_endpoint: str) -> Iterator[tuple[CountingS3Server, dict[str, Any]]]:
+    server = CountingS3Server()
+    yield server, {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": server.endpoint}}
+    server.stop()
+
+
+def test_a_verified_load_from_s3_gets_each_byte_once(counting_s3: tuple[CountingS3Server, dict[str, Any]]) -> None:
+    server, options = counting_s3
+    url = f"s3://{BUCKET}/load-{uuid.uuid4().hex}"
+    dcp.save(_state(), url, storage_options=options, granularity="chunk", chunk_size=CHUNK)
+    total = sum(ifs.read_manifest(url, storage_options=options).sizes.values())  # type: ignore[union-attr]
+    before = server.served_under(url)
+    target = _empty()
+    report = dcp.load(target, url, storage_options=options)
+    served = server.served_under(url) - before
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]
+    assert report is not None and report.bytes_checked == total
+    assert total <= served <= total * 1.02 + 4096  # the manifest's few KB aside
+
+
+def test_a_damaged_chunk_never_reaches_the_state_dict(tmp_path: Path) -> None:
+    url = tmp_path / "ckpt"
+    source = _state()
+    dcp.save(source, url, granularity="chunk", chunk_size=CHUNK)
+    shard = url / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1  # in the middle of the file: a tensor half way through the load
+    shard.write_bytes(bytes(data))
+    target = _empty()
+    with pytest.raises(IntegrityError) as err:
+        dcp.load(target, url)
+    (problem,) = err.value.report.problems
+    assert problem.path == "__0_0.distcp" and problem.kind == "mismatch"
+    start, end = problem.byte_ranges[0]
+    assert start <= len(data) // 2 < end and end - start <= CHUNK
+    loaded = _verified_only(target, source)
+    assert 0 < len(loaded) < 6  # what came before the damaged chunk loaded, verified; the rest did not
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts reads with /proc/self/io (Linux)")
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_the_listing_is_checked_before_any_content_is_read(tmp_path: Path, damage: str) -> None:
+    url = tmp_path / "ckpt"
+    dcp.save(_state(), url, granularity="chunk", chunk_size=CHUNK)
+    shard = url / "__0_0.distcp"
+    if damage == "truncated":
+        os.truncate(shard, shard.stat().st_size - 1)
+    else:
+        shard.unlink()
+    target = _empty()
+    before = _bytes_read()
+    with pytest.raises(IntegrityError, match=r"__0_0\.distcp: (size|missing)"):
+        dcp.load(target, url)
+    assert _bytes_read() - before < 32 * 1024  # the manifest only: no byte of content
+    assert _verified_only(target, _state()) == []
+
+
+def _rewrite_keeping_the_mtime(shard: Path, other: Path) -> None:
+    """Another checkpoint's bytes in place, same size, and the old mtime put back (as cp -p or
+    rsync -a would): only the change time tells."""
+    stat = shard.stat()
+    with open(shard, "r+b") as f:
+        f.write(other.read_bytes())
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("when", ["after-listing", "while-loading"])
+def test_a_shard_rewritten_after_the_listing_is_never_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    url, other = tmp_path / "ckpt", tmp_path / "other"
+    source = _state()
+    dcp.save(source, url, granularity="chunk", chunk_size=CHUNK)
+    dcp.save(_state(seed=1), other, granularity="chunk", chunk_size=CHUNK)
+    shard = url / "__0_0.distcp"
+    assert shard.stat().st_size == (other / "__0_0.distcp").stat().st_size
+
+    def rewrite() -> None:
+        _rewrite_keeping_the_mtime(shard, other / "__0_0.distcp")
+
+    if when == "after-listing":
+        check_listing = dcp.check_listing
+
+        def listed_then_rewritten(*args: Any, **kwargs: Any) -> Any:
+            checkpoint = check_listing(*args, **kwargs)
+            rewrite()
+            return checkpoint
+
+        monkeypatch.setattr(dcp, "check_listing", listed_then_rewritten)
+    else:
+        load = torch.load
+        done: list[bool] = []
+
+        def load_then_rewrite(*args: Any, **kwargs: Any) -> Any:
+            tensor = load(*args, **kwargs)
+            if not done:
+                done.append(True)
+                rewrite()
+            return tensor
+
+        monkeypatch.setattr(torch, "load", load_then_rewrite)
+    target = _empty()
+    with pytest.raises(FileChangedError, match=r"__0_0\.distcp changed while it was read"):
+        dcp.load(target, url)
+    loaded = _verified_only(target, source)  # never a byte of the other checkpoint
+    assert loaded == [] if when == "after-listing" else len(loaded) < 6
+
+
+def test_an_s3_shard_replaced_after_the_listing_is_never_loaded(
+    s3_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IfMatch with the listed ETag on every GET: moto answers 412 once the object was replaced."""
+    options = s3_backend.storage_options
+    url, other = s3_backend.url + "/ckpt", s3_backend.url + "/other"
+    dcp.save(_state(), url, storage_options=options, granularity="chunk", chunk_size=CHUNK)
+    dcp.save(_state(seed=1), other, storage_options=options, granularity="chunk", chunk_size=CHUNK)
+    check_listing = dcp.check_listing
+
+    def listed_then_replaced(*args: Any, **kwargs: Any) -> Any:
+        checkpoint = check_listing(*args, **kwargs)
+        s3_backend.fs.pipe_file(s3_backend.path("ckpt/__0_0.distcp"), s3_backend.read("other/__0_0.distcp"))
+        return checkpoint
+
+    monkeypatch.setattr(dcp, "check_listing", listed_then_replaced)
+    target = _empty()
+    with pytest.raises(FileChangedError):
+        dcp.load(target, url, storage_options=options)
+    assert _verified_only(target, _state()) == []
+
+
+def test_a_file_granularity_checkpoint_loads_verified(tmp_path: Path) -> None:
+    """Sealed by ``seal`` (whole files): each file is held whole while it is verified, or, past
+    the bound, verified first and then read (pinned to the same version)."""
+    url = tmp_path / "ckpt"
+    dcp.save(_state(), url, granularity="file")
+    target = _empty()
+    report = dcp.load(target, url)
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]
+    assert report is not None and report.bytes_checked == _total(url)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts reads with /proc/self/io (Linux)")
+def test_load_latest_loads_in_one_pass_after_skipping_a_damaged_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "run"
+    for step in (1, 2):
+        dcp.save(_state(seed=step), root / f"step_{step}", granularity="chunk", chunk_size=CHUNK)
+    shard = root / "step_2" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 1  # the last chunk: found at the very end of the newest load
+    shard.write_bytes(bytes(data))
+    target = _empty()
+    before = _bytes_read()
+    assert dcp.load_latest(target, root) == str(root / "step_1")
+    read = _bytes_read() - before
+    assert _verified_only(target, _state(seed=1)) == [f"t{i}" for i in range(6)]
+    both = _total(root / "step_1") + _total(root / "step_2")
+    assert read <= both * 1.02 + 128 * 1024  # each candidate read once: no verify pass before the load
+    assert any("step_2" in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
+
+
+def test_a_checkpoint_copied_away_with_its_manifest_loads_from_the_copy(tmp_path: Path) -> None:
+    url = tmp_path / "ckpt"
+    dcp.save(_state(), url)
+    shutil.copytree(url, tmp_path / "copy")
+    target = _empty()
+    assert dcp.load(target, tmp_path / "copy") is not None
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]

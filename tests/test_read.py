@@ -1,0 +1,349 @@
+"""Hash what you load: integrity_fs.open, reads pinned to one version of each file, and caches.
+
+Every test here goes through the public API on the backend where the behaviour lives: the local
+disk, the moto S3 server, the GCS emulator (its generations), fsspec's caching layers.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from conftest import Backend
+from fsspec.callbacks import Callback
+
+import integrity_fs as ifs
+from integrity_fs import FileChangedError, IntegrityError, ManifestNotFoundError
+
+CHUNK = 64 * 1024
+DATA = random.Random(19).randbytes(5 * CHUNK + 1234)  # six chunks, the last one short
+
+
+def _sealed(backend: Backend, granularity: str = "chunk", files: dict[str, bytes] | None = None) -> None:
+    for name, data in (files or {"w.bin": DATA, "small.txt": b"hello"}).items():
+        backend.write(name, data)
+    chunk_size = CHUNK if granularity == "chunk" else None
+    ifs.seal(backend.url, storage_options=backend.storage_options, granularity=granularity, chunk_size=chunk_size)
+
+
+def _open(backend: Backend, name: str = "w.bin", **kwargs: Any) -> ifs.VerifiedFile:
+    return ifs.open(backend.url, name, storage_options=backend.storage_options, **kwargs)
+
+
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_open_returns_the_sealed_bytes_on_every_backend(backend: Backend, granularity: str) -> None:
+    _sealed(backend, granularity)
+    with _open(backend) as f:
+        assert f.readable() and f.seekable()
+        assert f.read(10) == DATA[:10] and f.tell() == 10
+        f.seek(CHUNK * 3 + 5)
+        buffer = bytearray(CHUNK)
+        assert f.readinto(buffer) == CHUNK and bytes(buffer) == DATA[CHUNK * 3 + 5 : CHUNK * 4 + 5]
+        f.seek(-100, os.SEEK_END)
+        assert f.read() == DATA[-100:]
+        f.seek(0)
+        assert f.read() == DATA
+    with _open(backend) as f:
+        assert f.read() == DATA
+        assert f.bytes_verified == len(DATA)  # read in order: each unit hashed once
+    with _open(backend, "small.txt") as f:
+        assert f.read() == b"hello"
+    assert f.closed
+
+
+def test_torch_load_reads_a_checkpoint_file_through_open(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    state = {"w": torch.arange(100_000, dtype=torch.float32), "step": 7}
+    torch.save(state, tmp_path / "model.pt")
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=CHUNK)
+    with ifs.open(tmp_path, "model.pt") as f:
+        loaded = torch.load(f, weights_only=True)
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+
+
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_a_damaged_unit_raises_before_any_of_its_bytes_is_returned(backend: Backend, granularity: str) -> None:
+    _sealed(backend, granularity)
+    backend.corrupt("w.bin", CHUNK * 2 + 7)  # chunk 2
+    got = bytearray()
+    with _open(backend) as f, pytest.raises(IntegrityError) as err:
+        while block := f.read(1000):
+            got += block
+    if granularity == "chunk":
+        # What came back verified: chunks 0 and 1 (up to the read that reached into chunk 2), nothing of 2.
+        assert bytes(got) == DATA[: len(got)] and CHUNK * 2 - 1000 < len(got) <= CHUNK * 2
+        (problem,) = err.value.report.problems
+        assert problem.path == "w.bin" and problem.byte_ranges == ((CHUNK * 2, CHUNK * 3),)
+    else:
+        assert got == b""  # one unit: nothing comes back
+        assert [p.kind for p in err.value.report.problems] == ["mismatch"]
+
+
+def test_open_refuses_what_is_not_sealed_as_it_is(backend: Backend) -> None:
+    _sealed(backend)
+    with pytest.raises(FileNotFoundError, match="not in the manifest") as missing:
+        _open(backend, "other.bin")
+    assert not isinstance(missing.value, ManifestNotFoundError)
+    backend.truncate("small.txt", 3)
+    with pytest.raises(IntegrityError, match=r"small\.txt: size \(expected 5 bytes, found 3\)"):
+        _open(backend, "small.txt")
+    backend.remove("small.txt")
+    with pytest.raises(IntegrityError, match=r"small\.txt: missing"):
+        _open(backend, "small.txt")
+    backend.remove(ifs.MANIFEST_FILENAME)
+    with pytest.raises(ManifestNotFoundError):
+        _open(backend)
+
+
+def test_open_checks_the_signature_first(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key, other = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "w.bin").write_bytes(DATA)
+    ifs.seal(tmp_path, private_key=key)
+    with ifs.open(tmp_path, "w.bin", public_key=key.public_key()) as f:
+        assert f.read() == DATA
+    with pytest.raises(ifs.SignatureError, match="signature"):
+        ifs.open(tmp_path, "w.bin", public_key=other.public_key())
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "w.bin").write_bytes(DATA[::-1])
+    ifs.seal(tmp_path, overwrite=True)  # the attack: new content, new manifest, no key
+    with pytest.raises(ifs.SignatureError):
+        ifs.open(tmp_path, "w.bin", public_key=pem)
+
+
+def test_a_large_file_of_file_granularity_is_verified_first_then_served_pinned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too large to hold: one verifying pass, then a second read of the same version. A rewrite
+    between the two (mtime put back) is refused before any of its bytes is returned."""
+    from integrity_fs import read
+
+    monkeypatch.setattr(read, "WHOLE_FILE_LIMIT", CHUNK)
+    (tmp_path / "w.bin").write_bytes(DATA)
+    ifs.seal(tmp_path)
+    with ifs.open(tmp_path, "w.bin") as f:
+        assert f.read(100) == DATA[:100] and f.bytes_verified == len(DATA)
+        assert f.read() == DATA[100:]
+    with ifs.open(tmp_path, "w.bin") as f:
+        first = f.read(100)
+        stat = os.stat(tmp_path / "w.bin")
+        with open(tmp_path / "w.bin", "r+b") as raw:
+            raw.seek(CHUNK * 4)
+            raw.write(b"\0" * 10)
+        os.utime(tmp_path / "w.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # `touch -r`: mtime as it was
+        with pytest.raises(FileChangedError, match=r"w\.bin changed while it was read"):
+            f.read()
+    assert first == DATA[:100]
+    (tmp_path / "w.bin").write_bytes(DATA[:100] + b"x" + DATA[101:])
+    with ifs.open(tmp_path, "w.bin") as f, pytest.raises(IntegrityError, match="mismatch"):
+        f.read(1)  # the verifying pass comes first: nothing of a damaged file is returned
+
+
+# --- pinned reads: one version of each file ---------------------------------------------------------
+
+
+class _AfterFirstUnit(Callback):  # type: ignore[misc]
+    """Runs ``action`` once, after the first unit's bytes were read (max_workers=1: units in order)."""
+
+    def __init__(self, action: Any) -> None:
+        super().__init__()
+        self._action = action
+        self._done = False
+
+    def relative_update(self, inc: int = 1) -> None:
+        super().relative_update(inc)
+        if not self._done and self.value >= CHUNK:
+            self._done = True
+            self._action()
+
+
+def _replace_by_another_client(backend: Backend, name: str, data: bytes) -> Any:
+    """What another writer does: a new object (a new ETag, a new generation), through its own client."""
+
+    def replace() -> None:
+        other = fsspec.filesystem(backend.fs.protocol[0], skip_instance_cache=True, **backend.storage_options)
+        other.pipe_file(backend.path(name), data)
+
+    return replace
+
+
+@pytest.mark.parametrize("verb", ["seal", "verify"])
+def test_an_object_replaced_between_two_ranged_reads_is_never_judged(
+    request: pytest.FixtureRequest, verb: str, store: str
+) -> None:
+    """S3: every ranged GET carries IfMatch with the listed ETag (moto answers 412 once replaced);
+    GCS: ifGenerationMatch with the listed generation. A seal writes no manifest; a verify says
+    neither OK nor damaged: FileChangedError, naming the file."""
+    backend: Backend = request.getfixturevalue(f"{store}_backend")
+    backend.write("w.bin", DATA)
+    if verb == "verify":
+        ifs.seal(backend.url, storage_options=backend.storage_options, granularity="chunk", chunk_size=CHUNK)
+    replaced = bytearray(DATA)
+    replaced[CHUNK * 3] ^= 1  # the same size; only a later chunk differs
+    hook = _AfterFirstUnit(_replace_by_another_client(backend, "w.bin", bytes(replaced)))
+    call = ifs.seal if verb == "seal" else ifs.verify
+    kwargs: dict[str, Any] = {"granularity": "chunk", "chunk_size": CHUNK} if verb == "seal" else {}
+    with pytest.raises(FileChangedError, match=r"w\.bin changed while it was read") as err:
+        call(backend.url, storage_options=backend.storage_options, max_workers=1, callback=hook, **kwargs)
+    assert err.value.names and err.value.names[0].endswith("w.bin")
+    if verb == "seal":
+        assert ifs.MANIFEST_FILENAME not in backend.listdir()
+    else:  # once nothing writes, the new content is judged as it is: damaged
+        with pytest.raises(IntegrityError, match=r"w\.bin: mismatch in bytes"):
+            ifs.verify(backend.url, storage_options=backend.storage_options)
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def store(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_an_unsealed_upload_of_a_file_rewritten_while_it_streams_is_not_sealed(
+    tmp_path: Path, s3_backend: Backend
+) -> None:
+    """A same-size rewrite with the mtime put back: the local identity (ctime) still tells."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(DATA)
+
+    def rewrite() -> None:
+        stat = os.stat(src / "w.bin")
+        with open(src / "w.bin", "r+b") as raw:
+            raw.seek(CHUNK * 4)
+            raw.write(b"\1" * 100)
+        os.utime(src / "w.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    with pytest.raises(FileChangedError, match=r"w\.bin"):
+        ifs.upload(
+            src,
+            s3_backend.url,
+            storage_options=s3_backend.storage_options,
+            max_workers=1,
+            callback=_AfterFirstUnit(rewrite),
+            granularity="chunk",
+            chunk_size=CHUNK,
+        )
+    assert ifs.MANIFEST_FILENAME not in s3_backend.listdir()
+
+
+def test_a_local_rewrite_with_the_mtime_put_back_is_a_file_changed_error(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(DATA)
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=CHUNK)
+
+    def rewrite() -> None:
+        stat = os.stat(tmp_path / "w.bin")
+        with open(tmp_path / "w.bin", "r+b") as raw:
+            raw.seek(CHUNK * 4)
+            raw.write(b"\1" * 100)
+        os.utime(tmp_path / "w.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    with pytest.raises(FileChangedError):
+        ifs.verify(tmp_path, max_workers=1, callback=_AfterFirstUnit(rewrite))
+
+
+def test_the_gcs_fixture_refuses_a_read_pinned_to_a_replaced_generation(gcs_backend: Backend) -> None:
+    """The emulator answers ifGenerationMatch as GCS does (the fixture adds it): the pinned reads
+    above are tested against a 412, not against an emulator that ignores the pin."""
+    gcs_backend.write("w.bin", b"one")
+    generation = gcs_backend.fs.info(gcs_backend.path("w.bin"))["generation"]
+    url = gcs_backend.fs.url(gcs_backend.path("w.bin"))
+    _headers, data = gcs_backend.fs.call("GET", url, ifGenerationMatch=generation)
+    assert data == b"one"
+    gcs_backend.write("w.bin", b"two")
+    with pytest.raises(FileExistsError):  # gcsfs's name for 412 Precondition Failed
+        gcs_backend.fs.call("GET", url, ifGenerationMatch=generation)
+
+
+# --- caches ------------------------------------------------------------------------------------------
+
+
+def _rot(backend: Backend) -> None:
+    """The object in the bucket rots after a reader cached it: a flipped bit in a later chunk."""
+    data = bytearray(backend.read("w.bin"))
+    data[CHUNK * 3] ^= 1
+    other = fsspec.filesystem("s3", skip_instance_cache=True, **backend.storage_options)
+    other.pipe_file(backend.path("w.bin"), bytes(data))
+
+
+@pytest.mark.parametrize("layer", ["simplecache", "filecache", "blockcache"])
+def test_verify_through_a_cache_reads_the_store_beneath_it(s3_backend: Backend, tmp_path: Path, layer: str) -> None:
+    _sealed(s3_backend)
+    url = f"{layer}::{s3_backend.url}"
+    options = {"s3": s3_backend.storage_options, layer: {"cache_storage": str(tmp_path / "cache")}}
+    with fsspec.open(f"{layer}::s3://{s3_backend.path('w.bin')}", "rb", **options) as f:
+        assert f.read() == DATA  # the cache now holds the good bytes
+    _rot(s3_backend)
+    with pytest.raises(IntegrityError, match=r"w\.bin: mismatch"):
+        ifs.verify(url, storage_options=options)
+    with pytest.raises(IntegrityError):
+        ifs.sign(url, storage_options=options, private_key=_key())
+    with pytest.raises(IntegrityError):
+        ifs.download(url, tmp_path / "dest", storage_options=options)
+
+
+def _key() -> Any:
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def test_the_cli_verifies_beneath_a_cache_too(s3_backend: Backend, tmp_path: Path) -> None:
+    from integrity_fs.cli import main
+
+    _sealed(s3_backend)
+    options = {"s3": s3_backend.storage_options, "filecache": {"cache_storage": str(tmp_path / "cache")}}
+    url = f"filecache::{s3_backend.url}"
+    with fsspec.open(f"filecache::s3://{s3_backend.path('w.bin')}", "rb", **options) as f:
+        f.read()
+    _rot(s3_backend)
+    endpoint = s3_backend.storage_options["client_kwargs"]["endpoint_url"]
+    argv = ["verify", url, "-o", f"s3.client_kwargs.endpoint_url={endpoint}", "-o", "s3.key=testing"]
+    argv += ["-o", "s3.secret=testing", "-o", f"filecache.cache_storage={tmp_path / 'cache'}", "--no-progress"]
+    stdout = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 1
+    assert "w.bin: mismatch" in stdout.getvalue()
+
+
+def test_open_through_a_cache_hashes_the_bytes_as_served(s3_backend: Backend, tmp_path: Path) -> None:
+    """A good cache loads (even after the bucket changed, its bytes are the sealed ones); a rotten
+    cache fails."""
+    _sealed(s3_backend)
+    cache = tmp_path / "cache"
+    options = {"s3": s3_backend.storage_options, "filecache": {"cache_storage": str(cache)}}
+    url = f"filecache::{s3_backend.url}"
+    with ifs.open(url, "w.bin", storage_options=options) as f:
+        assert f.read() == DATA
+    _rot(s3_backend)
+    with ifs.open(url, "w.bin", storage_options=options) as f:
+        assert f.read() == DATA  # served from the cache, hashed as served: the sealed bytes
+    cached = [p for p in cache.rglob("*") if p.is_file() and p.stat().st_size == len(DATA)]
+    assert len(cached) == 1
+    data = bytearray(cached[0].read_bytes())
+    data[10] ^= 1
+    cached[0].write_bytes(bytes(data))
+    with ifs.open(url, "w.bin", storage_options=options) as f, pytest.raises(IntegrityError, match="mismatch"):
+        f.read()
+
+
+# --- read-ahead and stops ------------------------------------------------------------------------------
+
+
+def test_closing_a_file_stops_its_read_ahead(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(DATA * 4)
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=CHUNK)
+    with ifs.open(tmp_path, "w.bin") as f:
+        assert f.read(10) == DATA[:10]
+    assert not [t for t in threading.enumerate() if t.name.startswith("integrity_fs-read")]
