@@ -293,27 +293,37 @@ def copy_arguments(parser: argparse.ArgumentParser) -> None:
     add_force(parser, "DST")
 
 
-def add_common_options(parser: argparse.ArgumentParser, common: Sequence[str], *, top_level: bool) -> None:
-    """Options accepted before or after the command; after it they override (``-o`` adds up)."""
+def add_common_options(
+    parser: argparse.ArgumentParser, common: Sequence[str], *, top_level: bool, unused: Sequence[str] = ()
+) -> None:
+    """Options accepted before or after the command; after it they override (``-o`` adds up).
+
+    ``unused``: common options this command accepts, so that a script may pass them to every
+    command, but has no use for (``show`` hashes nothing): left out of its ``--help``."""
 
     def default(value: Any) -> Any:
         return value if top_level else argparse.SUPPRESS
 
+    def described(name: str, text: str) -> str:
+        return argparse.SUPPRESS if name in unused else text
+
     group = parser.add_argument_group("common options")
-    if "workers" in common:
+    if "workers" in common or "workers" in unused:
         group.add_argument(
             "--workers",
             type=positive_int,
             metavar="N",
             default=default(None),
-            help="files or chunks transferred or hashed at once (default: CPUs locally, 16 remote)",
+            help=described(
+                "workers", "files or chunks transferred or hashed at once (default: CPUs locally, 16 remote)"
+            ),
         )
-    if "progress" in common:
+    if "progress" in common or "progress" in unused:
         group.add_argument(
             "--no-progress",
             action="store_true",
             default=default(False),
-            help="no progress bar; there is none anyway when stderr is not a terminal",
+            help=described("progress", "no progress bar; there is none anyway when stderr is not a terminal"),
         )
     group.add_argument(
         "--debug", action="store_true", default=default(False), help="debug logging, and a traceback with any error"

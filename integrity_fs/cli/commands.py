@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -21,6 +22,7 @@ from typing import NoReturn
 from .. import __version__, checkpoints, formats, signing, storage, transfer
 from ..manifest import MANIFEST_FILENAME
 from ..manifests import read_manifest
+from ..report import printable
 from ..seal import seal, sign
 from ..text import format_work
 from ..verify import verify
@@ -133,21 +135,27 @@ def cmd_status(args: argparse.Namespace) -> int:
             max_workers=args.workers,
             callback=run.callback,
         )
-    print_status(args.root, found, as_json=args.json)
+    print_status(args.root, found, as_json=args.json, full=args.full)
     if not any(checkpoint.sealed for checkpoint in found) and (note := root_is_a_checkpoint(args)):
         print(f"{PROG}: note: {note}", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
-    found = checkpoints.latest_verified(
-        args.root,
-        quick=args.quick,
-        strict=args.strict,
-        storage_options=options_of(args),
-        max_workers=args.workers,
-        public_key=public_key_of(args.public_key),
-    )
+    key = public_key_of(args.public_key)
+    # The library answers None for a root that is not there (a run's first resume must not crash);
+    # from a shell that is most often a typo: exit 4 with a path hint, not "none verifies".
+    storage.check_root(*storage.resolve(args.root, options_of(args)))
+    with running(args, "latest", bar=not args.quick) as run:  # only hashing takes long
+        found = checkpoints.latest_verified(
+            args.root,
+            quick=args.quick,
+            strict=args.strict,
+            storage_options=options_of(args),
+            max_workers=args.workers,
+            public_key=key,
+            callback=run.callback,
+        )
     if found is None:
         raise none_verified(args)
     print(found[0])
@@ -161,7 +169,7 @@ def none_verified(args: argparse.Namespace) -> NoneVerifiedError:
     try:
         if checkpoints.find_checkpoints(args.root, storage_options=options_of(args)):
             return NoneVerifiedError(message, root_is_a_checkpoint(args))
-    except OSError:  # no ROOT (a WARNING said so), or a listing that failed this time
+    except OSError:  # ROOT removed since it was checked, or a listing that failed this time
         return NoneVerifiedError(message)
     hint = root_is_a_checkpoint(args) or (
         "ROOT is a run's directory, holding one directory per checkpoint (step_1000, ...); "
@@ -256,6 +264,8 @@ class Command:
     epilog: str
     arguments: Callable[[argparse.ArgumentParser], None]
     common: tuple[str, ...] = ("workers", "progress", "options")
+    #: Common options accepted (a script may pass them to every command) but of no use here.
+    unused: tuple[str, ...] = ()
 
 
 def _examples(*lines: str) -> str:
@@ -312,6 +322,7 @@ COMMANDS: list[Command] = [
         + _examples("show s3://bucket/run/step_1000", "show ./step_1000 --json"),
         show_arguments,
         common=("options",),
+        unused=("workers", "progress"),
     ),
     Command(
         "export",
@@ -326,6 +337,7 @@ COMMANDS: list[Command] = [
         ),
         export_arguments,
         common=("options",),
+        unused=("workers", "progress"),
     ),
     Command(
         "status",
@@ -346,7 +358,6 @@ COMMANDS: list[Command] = [
         "on stderr; with none left, nothing is printed on stdout and the exit code is 1.\n\n"
         + _examples("latest s3://bucket/run", 'latest ./run --quick   # CKPT="$(integrity-fs latest ./run)"'),
         latest_arguments,
-        common=("workers", "options"),
     ),
     Command(
         "download",
@@ -433,27 +444,46 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.set_defaults(run=command.run)
         command.arguments(sub)
-        add_common_options(sub, command.common, top_level=False)
+        add_common_options(sub, command.common, top_level=False, unused=command.unused)
     return parser
+
+
+class _OneLine(logging.Formatter):
+    """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
+    error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
 
 
 @contextlib.contextmanager
 def cli_logging(*, debug: bool) -> Iterator[None]:
     """integrity_fs's own warnings (a skipped symlink, a retried read) on this call's stderr; all
     of them with ``--debug``. Only for the call: a program that runs ``main()`` in-process gets its
-    logging back as it was (its handlers see integrity_fs's records again)."""
+    logging back as it was (its handlers see integrity_fs's records again).
+
+    Without ``--debug``, what other packages log or warn (gcsfs logs a 50-line traceback for a
+    request it gives up on, google-auth warns about credentials) stays off stderr: the error's two
+    lines say what failed, and ``--debug`` shows the rest."""
     logger = logging.getLogger("integrity_fs")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    handler.setFormatter(_OneLine(f"{PROG}: %(levelname)s: %(message)s"))
     before = logger.propagate, logger.level
     logger.addHandler(handler)
     logger.propagate = False
     logger.setLevel(logging.DEBUG if debug else logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate, logger.level = before
+    quiet = logging.NullHandler()  # a handler on the root: logging's last resort (stderr) stays unused
+    with contextlib.ExitStack() as stack:
+        if not debug:
+            logging.getLogger().addHandler(quiet)
+            stack.callback(logging.getLogger().removeHandler, quiet)
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.propagate, logger.level = before
 
 
 def main(argv: Sequence[str] | None = None) -> int:
