@@ -17,16 +17,15 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__, checkpoints, formats, signing, storage, transfer
 from ..manifest import MANIFEST_FILENAME
 from ..manifests import read_manifest
 from ..report import printable
-from ..seal import seal, sign
+from ..seal import sign
 from ..text import format_work
-from ..verify import verify
-from . import demo
+from . import demo, launch
 from .args import (
     add_common_options,
     build_storage_options,
@@ -60,7 +59,7 @@ from .output import (
     write_bytes,
 )
 
-__all__ = ["COMMANDS", "Command", "build_parser", "build_storage_options", "main", "parse_option"]
+__all__ = ["COMMANDS", "Command", "build_parser", "build_storage_options", "execute", "main", "parse_option"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,17 +74,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
+    options, key = args.launch.agreed(lambda: (options_of(args), private_key_of(args.sign_key)))
     with running(args, "seal") as run:
-        manifest = seal(
+        manifest = args.launch.seal(
             args.url,
+            mode=args.mode,
             algorithm=args.algorithm,
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
-            storage_options=options_of(args),
+            storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
             overwrite=args.force,
-            private_key=private_key_of(args.sign_key),
+            private_key=key,
         )
     print_written(f"sealed {args.url}", manifest, run.elapsed(), key_path=args.sign_key)
     return EXIT_OK
@@ -103,11 +104,12 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    key = public_key_of(args.public_key)
+    options, key = args.launch.agreed(lambda: (options_of(args), public_key_of(args.public_key)))
     with running(args, "verify", lambda err, elapsed: print_verify_report(args, err.report, elapsed, err)) as run:
-        report = verify(
+        report = args.launch.verify(
             args.url,
-            storage_options=options_of(args),
+            mode=args.mode,
+            storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
             strict=args.strict,
@@ -126,12 +128,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    options = args.launch.agreed(lambda: options_of(args))
     with running(args, "status", bar=args.full) as run:  # only hashing takes long
-        found = checkpoints.status(
+        found = args.launch.status(
             args.root,
+            mode=args.mode,
             full=args.full,
             strict=args.strict,
-            storage_options=options_of(args),
+            storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
         )
@@ -142,16 +146,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
-    key = public_key_of(args.public_key)
-    # The library answers None for a root that is not there (a run's first resume must not crash);
-    # from a shell that is most often a typo: exit 4 with a path hint, not "none verifies".
-    storage.check_root(*storage.resolve(args.root, options_of(args)))
+    def prepare() -> tuple[dict[str, Any], Any]:
+        options = options_of(args)
+        # The library answers None for a root that is not there (a run's first resume must not
+        # crash); from a shell that is most often a typo: exit 4 with a path hint, not "none verifies".
+        storage.check_root(*storage.resolve(args.root, options))
+        return options, public_key_of(args.public_key)
+
+    options, key = args.launch.agreed(prepare)
     with running(args, "latest", bar=not args.quick) as run:  # only hashing takes long
-        found = checkpoints.latest_verified(
+        found = args.launch.latest_verified(
             args.root,
+            mode=args.mode,
             quick=args.quick,
             strict=args.strict,
-            storage_options=options_of(args),
+            storage_options=options,
             max_workers=args.workers,
             public_key=key,
             callback=run.callback,
@@ -487,12 +496,26 @@ def cli_logging(*, debug: bool) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (see the module docstring)."""
+    """Run the command line; returns the exit code (see the module docstring). Under a launcher
+    (``WORLD_SIZE`` > 1), ``seal``, ``verify``, ``latest`` and ``status`` run as collectives
+    (:mod:`.launch`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+
+    def report(error: BaseException, args: argparse.Namespace | None) -> int:
+        return report_error(error, args, as_json="--json" in argv, debug=False)
+
+    if launch.launched() and launch.collective_command(argv, [command.name for command in COMMANDS]):
+        return launch.run(argv, build_parser().parse_args, execute, report)
     try:
         args = build_parser().parse_args(argv)
     except UsageError as error:
-        return report_error(error, None, as_json="--json" in argv, debug=False)
+        return report(error, None)
+    args.launch = launch.Local()
+    return execute(args)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the parsed command: its exception becomes the exit code and the two stderr lines."""
     try:
         with cli_logging(debug=args.debug):
             code: int = args.run(args)

@@ -25,6 +25,7 @@ __all__ = [
     "EXTRAS",
     "FILE_CHANGED_HINT",
     "PROG",
+    "AgreedError",
     "KeyFileError",
     "NoneVerifiedError",
     "UsageError",
@@ -57,6 +58,16 @@ EXTRAS = {
 }
 
 
+class AgreedError(Exception):
+    """A failure that one rank met and every rank of a launched command reports (see
+    :mod:`.launch`): its exit code and hint are the failing rank's."""
+
+    def __init__(self, code: int, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.hint = hint
+
+
 class UsageError(Exception):
     """The command line asks for something impossible; exit code 2."""
 
@@ -77,6 +88,8 @@ class NoneVerifiedError(Exception):
 def exit_code_for(error: BaseException) -> int:
     """The documented exit code for an exception (order matters: the manifest errors are also
     ``FileNotFoundError`` and ``ValueError``; a refusal is a ``FileExistsError``)."""
+    if isinstance(error, AgreedError):
+        return error.code
     if isinstance(error, (IntegrityError, NoneVerifiedError)):
         return EXIT_INTEGRITY
     if isinstance(error, (ManifestNotFoundError, ManifestError, NotImplementedError)):
@@ -109,6 +122,8 @@ def _install_hint(error: ImportError) -> str:
 def describe_error(error: BaseException, args: argparse.Namespace | None = None) -> tuple[str, str]:
     """What failed (naming the file or URL) and what to do about it, for the two stderr lines."""
     command = getattr(args, "command", None) or "COMMAND"
+    if isinstance(error, AgreedError):
+        return str(error), error.hint
     if isinstance(error, SignatureError):
         return str(error), (
             "do not load it: it changed after signing, or was signed by another key (or never signed); "

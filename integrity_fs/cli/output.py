@@ -84,7 +84,7 @@ def _tqdm_callback(desc: str) -> Callback | None:
     except ImportError:
         return None
 
-    class BinaryBar(tqdm.tqdm):  # type: ignore[misc,name-defined]  # tqdm is untyped
+    class BinaryBar(tqdm.tqdm):  # type: ignore[misc]  # tqdm is untyped
         """tqdm's ``unit_scale`` says ``MB`` for MiB (and its rate divides by 1000): these fields
         print what :func:`format_bytes` prints."""
 
