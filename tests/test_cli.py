@@ -561,7 +561,7 @@ def test_library_file_not_found_maps_to_exit_4_with_a_path_hint(
     def missing(url: str, **kw: object) -> None:
         raise FileNotFoundError(f"no checkpoint at {url}")
 
-    monkeypatch.setattr("integrity_fs.cli.commands.verify", missing)
+    monkeypatch.setattr("integrity_fs.cli.launch.verify", missing)
     proc = cli("verify", str(tmp_path / "typo"))
     assert proc.returncode == 4 and "check the path" in stderr_pair(proc)[1]
     remote = cli("verify", "s3://bucket/typo")
