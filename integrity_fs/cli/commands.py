@@ -10,19 +10,15 @@ A command is one entry in :data:`COMMANDS`: its help, its arguments (:mod:`.cli_
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import sys
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from .. import __version__, checkpoints, formats, signing, storage, transfer
 from ..manifest import MANIFEST_FILENAME
 from ..manifests import read_manifest
-from ..report import printable
 from ..seal import sign
 from ..text import format_work
 from . import demo, launch
@@ -47,6 +43,7 @@ from .args import (
 )
 from .errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedError, UsageError, report_error
 from .output import (
+    cli_logging,
     failure,
     print_manifest,
     print_status,
@@ -457,44 +454,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _OneLine(logging.Formatter):
-    """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
-    error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
-
-
-@contextlib.contextmanager
-def cli_logging(*, debug: bool) -> Iterator[None]:
-    """integrity_fs's own warnings (a skipped symlink, a retried read) on this call's stderr; all
-    of them with ``--debug``. Only for the call: a program that runs ``main()`` in-process gets its
-    logging back as it was (its handlers see integrity_fs's records again).
-
-    Without ``--debug``, what other packages log or warn (gcsfs logs a 50-line traceback for a
-    request it gives up on, google-auth warns about credentials) stays off stderr: the error's two
-    lines say what failed, and ``--debug`` shows the rest."""
-    logger = logging.getLogger("integrity_fs")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLine(f"{PROG}: %(levelname)s: %(message)s"))
-    before = logger.propagate, logger.level
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
-    quiet = logging.NullHandler()  # a handler on the root: logging's last resort (stderr) stays unused
-    with contextlib.ExitStack() as stack:
-        if not debug:
-            logging.getLogger().addHandler(quiet)
-            stack.callback(logging.getLogger().removeHandler, quiet)
-            stack.enter_context(warnings.catch_warnings())
-            warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logger.removeHandler(handler)
-            logger.propagate, logger.level = before
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring). Under a launcher
     (``WORLD_SIZE`` > 1), ``seal``, ``verify``, ``latest`` and ``status`` run as collectives
@@ -517,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def execute(args: argparse.Namespace) -> int:
     """Run the parsed command: its exception becomes the exit code and the two stderr lines."""
     try:
-        with cli_logging(debug=args.debug):
+        with cli_logging(PROG, debug=args.debug):
             code: int = args.run(args)
         return code
     except KeyboardInterrupt:

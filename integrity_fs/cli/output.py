@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -25,7 +27,9 @@ from ..text import describe_problem, extra_note, format_bytes, format_work, name
 
 __all__ = [
     "LARGEST_SHOWN",
+    "OneLine",
     "Run",
+    "cli_logging",
     "failure",
     "print_failure",
     "print_json",
@@ -308,3 +312,41 @@ def print_manifest(url: str, manifest: Manifest, *, as_json: bool) -> None:
         print("largest files:")
         for name, size in largest:
             print(f"  {format_bytes(size):>10}  {printable(name)}")
+
+
+class OneLine(logging.Formatter):
+    """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
+    error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
+@contextlib.contextmanager
+def cli_logging(prog: str, *, debug: bool) -> Iterator[None]:
+    """integrity_fs's own warnings (a skipped symlink, a retried read) on this call's stderr; all
+    of them with ``--debug``. Only for the call: a program that runs ``main()`` in-process gets its
+    logging back as it was (its handlers see integrity_fs's records again).
+
+    Without ``--debug``, what other packages log or warn (gcsfs logs a 50-line traceback for a
+    request it gives up on, google-auth warns about credentials) stays off stderr: the error's two
+    lines say what failed, and ``--debug`` shows the rest."""
+    logger = logging.getLogger("integrity_fs")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLine(f"{prog}: %(levelname)s: %(message)s"))
+    before = logger.propagate, logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    quiet = logging.NullHandler()  # a handler on the root: logging's last resort (stderr) stays unused
+    with contextlib.ExitStack() as stack:
+        if not debug:
+            logging.getLogger().addHandler(quiet)
+            stack.callback(logging.getLogger().removeHandler, quiet)
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.propagate, logger.level = before
