@@ -85,7 +85,7 @@ def names_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
     try:
         return checkpoint_names(fs, root)
     except FileNotFoundError as exc:
-        log.warning("no checkpoints under %s: %s", printable(storage.describe(fs, root)), exc)
+        log.warning("no checkpoints under %s: %s", printable(storage.describe(fs, root)), printable(str(exc)))
         return []
 
 
@@ -115,6 +115,7 @@ def latest_verified(
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
     public_key: signing.PublicKey | None = None,
+    callback: Callback | None = None,
 ) -> tuple[str, Report] | None:
     """The newest checkpoint under ``root`` that verifies, with its report; ``None`` when none does.
 
@@ -124,7 +125,8 @@ def latest_verified(
     logger naming the reason; with ``public_key``, so are checkpoints whose signature is missing or
     does not match (``SignatureError``), and those deleted since the listing (a rotation). A storage
     error (``OSError``) is raised, never skipped. A root that does not exist yet (a run that never
-    saved) is logged and gives ``None``.
+    saved) is logged and gives ``None``. ``callback`` goes to each verification in turn (each
+    calls ``set_size`` with its own total).
     """
     fs_, root_ = storage.resolve(root, storage_options, fs)
     candidates = [
@@ -133,7 +135,9 @@ def latest_verified(
     ]
 
     def attempt(path: str) -> Report:
-        return verify(path, fs=fs_, max_workers=max_workers, strict=strict, quick=quick, public_key=public_key)
+        return verify(
+            path, fs=fs_, max_workers=max_workers, callback=callback, strict=strict, quick=quick, public_key=public_key
+        )
 
     return newest_that(candidates, attempt)
 
@@ -157,7 +161,7 @@ def newest_that(
             if reason is None:
                 raise
             if warn:
-                log.warning("skipping %s (%s): %s", printable(url), reason, exc)
+                log.warning("skipping %s (%s): %s", printable(url), reason, printable(str(exc)))
             continue
         return url, result
     return None
@@ -241,7 +245,8 @@ def _unless_vanished(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]
     except FileNotFoundError as exc:
         if isinstance(exc, ManifestNotFoundError):
             raise
-        log.warning("leaving out %s (vanished since the listing): %s", printable(checkpoint_url(fs, path)), exc)
+        url = printable(checkpoint_url(fs, path))
+        log.warning("leaving out %s (vanished since the listing): %s", url, printable(str(exc)))
 
 
 class _Share(Callback):  # type: ignore[misc]  # fsspec is untyped

@@ -217,7 +217,7 @@ def read_manifest_file(
         raise ManifestError(f"{where}: {exc}") from exc
     if name is not None and name in manifest.files:
         # `sha256sum * > SUMS` run twice, model_signing's Python API re-signing into the model.
-        log.warning("%s lists itself: that entry is left out (no file holds its own digest)", where)
+        log.warning("%s lists itself: that entry is left out (no file holds its own digest)", printable(where))
         manifest = _without(manifest, name)
     return manifest, name
 

@@ -27,7 +27,7 @@ from .errors import IntegrityError, ManifestError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
 from .options import Hashing, VerifyOptions, Work
-from .report import Problem, Report
+from .report import Problem, Report, printable
 from .seal import build_manifest, plan_seal, seal_options
 from .verify import VerificationPlan, finish_verification, prepare
 from .work import default_workers, progress_fn, run_parallel
@@ -190,9 +190,9 @@ def upload(
             log.warning(
                 "not uploading %d files that %s/%s does not list: %s",
                 len(plan.extra),
-                source.location,
+                printable(source.location),
                 MANIFEST_FILENAME,
-                ", ".join(plan.extra[:5]) + (" ..." if len(plan.extra) > 5 else ""),
+                ", ".join(map(printable, plan.extra[:5])) + (" ..." if len(plan.extra) > 5 else ""),
             )
         _prepare_destination(dst, overwrite)
         _verified_copy(source, dst, manifest, plan, versions, work)
@@ -466,7 +466,7 @@ def _remove_stale_staging(parent: str, name: str) -> None:
             if not pid_text.isdigit() or host != _host() or _alive(int(pid_text)):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                log.info("removing %s, left by an interrupted download", entry.path)
+                log.info("removing %s, left by an interrupted download", printable(entry.path))
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 

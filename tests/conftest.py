@@ -11,6 +11,7 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 
 import posixpath
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -41,6 +42,17 @@ class Backend:
         path = self.path(relname)
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         self.fs.pipe_file(path, data)
+        self.fs.invalidate_cache()
+
+    def folder_marker(self, relname: str = "") -> None:
+        """A zero-byte object named ``relname/`` (what the S3 console's "Create folder" makes), put
+        through the store's own API on S3: s3fs before 2025 drops the "/" that pipe_file is given."""
+        path = (self.path(relname) if relname else self.root).rstrip("/") + "/"
+        if self.name == "s3":
+            bucket, _, key = path.partition("/")
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"")
+        else:
+            self.fs.pipe_file(path, b"")
         self.fs.invalidate_cache()
 
     def read(self, relname: str) -> bytes:
@@ -208,6 +220,23 @@ def _make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
         yield _object_store_backend(name, "gs", _gcs_options(request.getfixturevalue("gcs_endpoint")))
     else:
         raise ValueError(f"unknown backend {name!r}")
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` during the test, as in a terminal, also when the suite was
+    started with SIGINT ignored (a background job, nohup): such a process inherits SIG_IGN."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` of a child that a test sends SIGINT: Python turns it into
+    ``KeyboardInterrupt`` only when it starts with SIGINT at its default, not ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(params=BACKENDS, ids=BACKENDS)

@@ -112,8 +112,8 @@ def test_find_checkpoints_on_gcs(gcs_backend: Backend) -> None:
 
 def test_folder_markers_are_directories_on_s3(s3_backend: Backend) -> None:
     s3_backend.write("step_1/x.bin", b"x")
-    s3_backend.fs.pipe_file(s3_backend.path("step_2") + "/", b"")  # what "Create folder" makes
-    s3_backend.fs.pipe_file(s3_backend.root + "/", b"")
+    s3_backend.folder_marker("step_2")  # what "Create folder" makes
+    s3_backend.folder_marker()
     s3_backend.fs.invalidate_cache()
     found = ifs.find_checkpoints(s3_backend.url, storage_options=s3_backend.storage_options)
     assert found == [_url(s3_backend, "step_2"), _url(s3_backend, "step_1")]

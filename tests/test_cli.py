@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -560,7 +561,7 @@ def test_library_file_not_found_maps_to_exit_4_with_a_path_hint(
     def missing(url: str, **kw: object) -> None:
         raise FileNotFoundError(f"no checkpoint at {url}")
 
-    monkeypatch.setattr("integrity_fs.cli.commands.verify", missing)
+    monkeypatch.setattr("integrity_fs.cli.launch.verify", missing)
     proc = cli("verify", str(tmp_path / "typo"))
     assert proc.returncode == 4 and "check the path" in stderr_pair(proc)[1]
     remote = cli("verify", "s3://bucket/typo")
@@ -805,9 +806,9 @@ def test_status_lists_every_checkpoint_with_its_verdict(run: Path) -> None:
         ["step_0", "sealed"],
     ]
     verdicts = {line[0]: " ".join(line[6:]) for line in lines}
-    assert verdicts["step_3"] == "ok"  # quick: a flipped bit keeps the size
+    assert verdicts["step_3"] == "sizes ok"  # quick: a flipped bit keeps the size, and it says what it checked
     assert verdicts["step_2"] == "damaged: optim.bin (size)"
-    assert verdicts["step_4"] == "unsealed" and verdicts["step_1"] == "ok"
+    assert verdicts["step_4"] == "unsealed" and verdicts["step_1"] == "sizes ok"
     assert verdicts["step_0"].startswith("invalid: ") and "not valid JSON" in verdicts["step_0"]
     assert lines[1][2:6] == ["3", "files", "390.6", "KiB"]
 
@@ -815,7 +816,7 @@ def test_status_lists_every_checkpoint_with_its_verdict(run: Path) -> None:
     assert full.returncode == 0, full.stderr
     found = json.loads(full.stdout)
     assert [c["name"] for c in found] == ["step_4", "step_3", "step_2", "step_1", "step_0"]
-    assert set(found[0]) == {"name", "url", "sealed", "files", "bytes", "verdict", "problems"}
+    assert set(found[0]) == {"name", "url", "sealed", "files", "bytes", "verdict", "problems", "checked"}
     assert [c["verdict"] for c in found] == ["unsealed", "damaged", "damaged", "ok", "invalid"]
     assert found[1]["problems"][0]["path"] == "model.bin" and found[1]["url"] == str(run / "step_3")
     assert found[3] == {
@@ -826,7 +827,11 @@ def test_status_lists_every_checkpoint_with_its_verdict(run: Path) -> None:
         "bytes": sum(map(len, FILES.values())),
         "verdict": "ok",
         "problems": [],
+        "checked": "content",
     }
+    quick = json.loads(cli("status", str(run), "--json").stdout)
+    assert {c["checked"] for c in quick} == {"sizes"} and quick[1]["verdict"] == "ok"
+    assert [line.split()[-1] for line in cli("status", str(run), "--full").stdout.splitlines()][3] == "ok"
 
 
 def test_status_lists_a_checkpoint_of_an_unsupported_algorithm_as_invalid(run: Path) -> None:
@@ -1078,3 +1083,214 @@ def test_main_in_process_leaves_the_callers_logging_as_it_was(sealed: Path, capl
     with caplog.at_level(logging.WARNING, logger="integrity_fs"):
         logging.getLogger("integrity_fs.core").warning("after main()")
     assert "after main()" in caplog.text
+
+
+# --------------------------------------------------------------------------- trust at the edges, round 3
+
+
+class RewriteOnFirstBytes:
+    """A progress callback that, when the first bytes are counted, replaces ``victims`` with new
+    files (their bytes, or ``data``): another writer at work while the command reads. The CLI
+    passes its progress callback to the library, so this is the CLI's own read that sees it."""
+
+    def __init__(self, victims: list[Path], data: bytes | None = None) -> None:
+        self.victims, self.data, self.done = victims, data, False
+
+    def set_size(self, size: int) -> None:
+        pass
+
+    def relative_update(self, inc: int = 1) -> None:
+        if self.done:
+            return
+        self.done = True
+        for victim in self.victims:
+            fresh = victim.with_name(victim.name + ".new")
+            fresh.write_bytes(victim.read_bytes() if self.data is None else self.data)
+            os.replace(fresh, victim)  # a new inode: seen however fine the clock
+
+
+def rewrite_while_read(monkeypatch: pytest.MonkeyPatch, victims: list[Path], data: bytes | None = None) -> None:
+    from integrity_fs.cli import output
+
+    @contextlib.contextmanager
+    def progress(args: Any, desc: str, *, enabled: bool = True) -> Any:
+        yield RewriteOnFirstBytes(victims, data)
+
+    monkeypatch.setattr(output, "progress", progress)
+
+
+#: Files read in several blocks: progress is counted, and another writer can act, mid-read.
+LARGE = {"model.bin": random.Random(3).randbytes(3 << 20), "optim.bin": random.Random(4).randbytes(2 << 20)}
+
+
+def write_large(root: Path) -> Path:
+    root.mkdir(parents=True)
+    for name, data in LARGE.items():
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.mark.parametrize("command", ["verify", "seal", "sign", "download", "upload", "copy"])
+def test_a_file_changed_while_read_exits_4_with_the_writers_hint(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue round 3, item 17: another writer replaces the files (or, for sign, the manifest) while
+    the command reads them: exit 4, "run again once writers are done", and nothing written."""
+    ckpt = write_large(tmp_path / "step_1")
+    if command != "seal":
+        assert cli("seal", str(ckpt)).returncode == 0
+    contents = [ckpt / name for name in LARGE]
+    dest = tmp_path / "dest"
+    args = {
+        "verify": ["verify", str(ckpt)],
+        "seal": ["seal", str(ckpt)],
+        "download": ["download", str(ckpt), str(dest)],
+        "upload": ["upload", str(ckpt), str(dest)],
+        "copy": ["copy", str(ckpt), str(dest)],
+    }
+    if command == "sign":
+        keys = make_keys(tmp_path)
+        resealed = {k: v for k, v in manifest_of(ckpt).items() if k != "sizes"}  # sealed again, the seed's way
+        rewrite_while_read(monkeypatch, [ckpt / MANIFEST_FILENAME], json.dumps(resealed).encode())
+        proc = cli("sign", str(ckpt), "--key", str(keys.private), "--workers", "1")
+    else:
+        rewrite_while_read(monkeypatch, contents)
+        proc = cli(*args[command], "--workers", "1")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    what, hint = stderr_pair(proc)
+    assert "changed while" in what and "unexpected" not in what
+    assert hint == "integrity-fs: hint: a file changed while it was read: run again once writers are done"
+    assert not (ckpt / "model.sig").exists()
+    assert not dest.exists() or not list(dest.iterdir())  # upload and copy leave the empty directory they made
+    if command == "seal":
+        assert not (ckpt / MANIFEST_FILENAME).exists()
+
+
+def test_status_and_latest_show_a_checkpoint_changing_while_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status --full shows the verdict "changing"; latest skips it, saying so, and goes on."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        assert cli("seal", str(write_large(run / f"step_{step}"))).returncode == 0
+    rewrite_while_read(monkeypatch, [run / "step_2" / name for name in LARGE])
+    status = cli("status", str(run), "--full", "--workers", "1")
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: " ".join(line.split()[6:]) for line in status.stdout.splitlines()}
+    assert rows["step_2"].startswith("changing: ") and "run again once writers are done" in rows["step_2"]
+    assert rows["step_1"] == "ok"
+
+    rewrite_while_read(monkeypatch, [run / "step_2" / name for name in LARGE])
+    latest = cli("latest", str(run), "--workers", "1")
+    assert latest.returncode == 0 and latest.stdout == f"{run / 'step_1'}\n"
+    assert f"skipping {run / 'step_2'} (changed while it was read)" in latest.stderr
+
+
+def test_latest_of_a_root_that_is_not_there_is_a_path_problem(run: Path) -> None:
+    """Item 22: a mistyped ROOT is exit 4 with a path hint, told apart from "none verifies" (exit 1)."""
+    typo = cli("latest", str(run) + "x")
+    assert typo.returncode == 4 and typo.stdout == ""
+    what, hint = stderr_pair(typo)
+    assert str(run) + "x" in what and "check the path" in hint and "create ROOT first" in hint
+    assert "WARNING" not in typo.stderr
+    for step in range(5):
+        shutil.rmtree(run / f"step_{step}")
+    empty = cli("latest", str(run))
+    assert empty.returncode == 1 and "holds no checkpoint directory" in stderr_pair(empty)[0]
+
+
+def test_latest_shows_a_progress_bar_while_it_hashes(run: Path) -> None:
+    pytest.importorskip("tqdm")
+    code, terminal = run_on_terminal("latest", str(run))
+    assert code == 0 and "\r" in terminal and "latest" in terminal
+    code, terminal = run_on_terminal("latest", str(run), "--no-progress")
+    assert code == 0 and not re.search("\r(?!\n)", terminal)  # the WARNING lines end in a terminal's \r\n
+
+
+@pytest.mark.parametrize("command", [["show"], ["export", "--format", "sha256sum"], ["latest"], ["verify"], ["status"]])
+def test_the_common_options_are_accepted_by_every_command_they_can_be_given_to(
+    command: list[str], sealed: Path
+) -> None:
+    """Item 24: --workers and --no-progress after any command that reads a checkpoint."""
+    url = str(sealed.parent) if command[0] in ("latest", "status") else str(sealed)
+    proc = cli(command[0], url, *command[1:], "--workers", "2", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bar_and_summary_agree_on_binary_units(sealed: Path) -> None:
+    """Item 26: tqdm's unit_scale printed "kB"/"MB" for KiB/MiB (and a rate in 1000s); the bar
+    now prints what the summary prints."""
+    pytest.importorskip("tqdm")
+    code, terminal = run_on_terminal("verify", str(sealed))
+    assert code == 0 and "\r" in terminal
+    assert "KiB" in terminal and "B/s" in terminal
+    assert not re.search(r"\d(?:[kKMG])B\b", terminal), terminal  # tqdm's own: 391kB, 1.2MB/s
+
+
+def test_debug_tracebacks_chain_nothing_from_the_progress_bar(tmp_path: Path) -> None:
+    """Item 26: with no bar to draw, the command's own error chained an ImportError under --debug."""
+    proc = cli("--debug", "verify", str(tmp_path / "typo"), traceback=True)
+    assert proc.returncode == 4
+    assert "ImportError" not in proc.stderr and "progress_bar" not in proc.stderr, proc.stderr
+
+
+def test_no_gcs_traceback_without_debug(tmp_path: Path) -> None:
+    """Item 19: an anonymous caller refused by GCS (401): gcsfs logs its traceback through logging
+    (54 lines on stderr); the CLI prints its two lines, and the traceback only with --debug."""
+    import http.server
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"error": {"code": 401, "message": "Anonymous caller does not have access"}}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        args = ["verify", "gs://bucket/run/step_1", "-o", f"endpoint_url={endpoint}", "-o", "token=anon"]
+        quiet = cli_process(*args)
+        debug = cli_process(*args, "--debug")
+    finally:
+        server.shutdown()
+    assert quiet.returncode == 4, quiet.stderr
+    assert len(quiet.stderr.splitlines()) == 2 and "Traceback" not in quiet.stderr, quiet.stderr
+    assert stderr_pair(quiet)
+    assert debug.returncode == 4 and "Traceback" in debug.stderr
+
+
+def test_warnings_print_names_escaped(tmp_path: Path) -> None:
+    """Item 20: every WARNING line that names a file or a checkpoint escapes it: a skipped FIFO, a
+    symlink that leaves the root, a checkpoint skipped by latest, files upload leaves behind."""
+    fake = "x\nintegrity-fs: verified ckpt: 3 files"
+    run = tmp_path / "run"
+    good, bad = run / "step_1", run / f"step_2{fake}"
+    good.mkdir(parents=True)
+    (good / "w.bin").write_bytes(b"weights")
+    assert cli("seal", str(good)).returncode == 0
+    shutil.copytree(good, bad)
+    flip(bad / "w.bin", 0)
+    os.mkfifo(good / f"fifo{fake}")
+    (tmp_path / "outside.bin").write_bytes(b"o")
+    (good / f"link{fake}").symlink_to(tmp_path / "outside.bin")
+    (good / f"extra{fake}").write_bytes(b"e")
+
+    outputs = [
+        cli("verify", str(good)),  # the FIFO and the symlink are skipped, with a WARNING each
+        cli("latest", str(run)),  # step_2... is damaged: skipped, with a WARNING
+        cli("upload", str(good), str(tmp_path / "up")),  # the extra file is not uploaded
+    ]
+    for proc in outputs:
+        assert proc.returncode == 0, proc.stderr
+        assert "WARNING" in proc.stderr
+        lines = (proc.stdout + proc.stderr).splitlines()
+        assert not [line for line in lines if line.startswith("integrity-fs: verified")], lines
+        assert "x\\nintegrity-fs: verified" in proc.stderr

@@ -105,7 +105,7 @@ def test_batched_files_hash_as_one_file_per_task_does(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(30)
-def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch):
+def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c):
     _many(tmp_path, 400, size=100)
     ifs.seal(tmp_path)
     started_files: list[str] = []

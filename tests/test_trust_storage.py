@@ -205,8 +205,8 @@ def test_folder_markers_are_directories_not_files(store, request):
     b: Backend = request.getfixturevalue(store)
     b.write("a.bin", b"weights")
     b.write("sub/b.bin", b"more")
-    b.fs.pipe_file(b.path("sub/"), b"")  # what the S3 console's "Create folder" makes
-    b.fs.pipe_file(b.path("empty/"), b"")
+    b.folder_marker("sub")  # what the S3 console's "Create folder" makes
+    b.folder_marker("empty")
     b.fs.invalidate_cache()
 
     manifest = ifs.seal(b.url, storage_options=b.storage_options)
@@ -340,7 +340,7 @@ def slow() -> Any:
 
 
 @pytest.mark.timeout(30)
-def test_ctrl_c_stops_every_worker_before_the_call_returns(slow):
+def test_ctrl_c_stops_every_worker_before_the_call_returns(slow, ctrl_c):
     fs, root = slow
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # a real Ctrl-C
     started = time.perf_counter()

@@ -20,7 +20,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from conftest import Backend
+from conftest import Backend, sigint_as_in_a_terminal
 from fsspec.callbacks import Callback
 
 import integrity_fs as ifs
@@ -452,7 +452,9 @@ def test_cli_download_exits_at_once_on_sigint_during_a_stalled_read(
     command = [sys.executable, "-m", "integrity_fs", "download", b.url, str(dest), "--no-progress"]
     command += ["-o", "key=testing", "-o", "secret=testing", "-o", f"client_kwargs.endpoint_url={proxy.endpoint}"]
     command += ["-o", "config_kwargs.read_timeout=8", "-o", "config_kwargs.retries.max_attempts=1"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal
+    )
     try:
         assert proxy.stalled.wait(30), "the download never reached the stalled object"
         time.sleep(0.3)  # the other files are being copied, the stalled one waits

@@ -22,6 +22,7 @@ __all__ = [
     "add_force",
     "add_granularity_options",
     "add_json",
+    "add_mode",
     "add_public_key",
     "add_sign_key",
     "build_storage_options",
@@ -200,12 +201,23 @@ def add_force(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument("--force", action="store_true", help=f"replace a manifest already at {where}")
 
 
+def add_mode(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=("sharded", "rank0"),
+        default="sharded",
+        help="under torchrun (WORLD_SIZE > 1): split the bytes over every rank (sharded, the default; "
+        "shared storage), or let rank 0 alone read them (rank0; node-local storage). No effect otherwise",
+    )
+
+
 def seal_arguments(parser: argparse.ArgumentParser) -> None:
     url_argument()(parser)
     add_force(parser, "URL; only for content you trust")
     add_algorithm(parser)
     add_granularity_options(parser)
     add_sign_key(parser)
+    add_mode(parser)
 
 
 def sign_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,6 +244,7 @@ def verify_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_public_key(parser, "then the content is verified")
     add_json(parser)
+    add_mode(parser)
 
 
 def export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,6 +261,7 @@ def status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true", help="hash every file (default: names and sizes only)")
     parser.add_argument("--strict", action="store_true", help="files not in a manifest make it damaged")
     add_json(parser, "a list of checkpoints")
+    add_mode(parser)
 
 
 def latest_arguments(parser: argparse.ArgumentParser) -> None:
@@ -255,6 +269,7 @@ def latest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="skip checkpoints with files not in their manifest")
     add_public_key(parser, "checkpoints without such a signature are skipped")
+    add_mode(parser)
 
 
 def show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -293,27 +308,37 @@ def copy_arguments(parser: argparse.ArgumentParser) -> None:
     add_force(parser, "DST")
 
 
-def add_common_options(parser: argparse.ArgumentParser, common: Sequence[str], *, top_level: bool) -> None:
-    """Options accepted before or after the command; after it they override (``-o`` adds up)."""
+def add_common_options(
+    parser: argparse.ArgumentParser, common: Sequence[str], *, top_level: bool, unused: Sequence[str] = ()
+) -> None:
+    """Options accepted before or after the command; after it they override (``-o`` adds up).
+
+    ``unused``: common options this command accepts, so that a script may pass them to every
+    command, but has no use for (``show`` hashes nothing): left out of its ``--help``."""
 
     def default(value: Any) -> Any:
         return value if top_level else argparse.SUPPRESS
 
+    def described(name: str, text: str) -> str:
+        return argparse.SUPPRESS if name in unused else text
+
     group = parser.add_argument_group("common options")
-    if "workers" in common:
+    if "workers" in common or "workers" in unused:
         group.add_argument(
             "--workers",
             type=positive_int,
             metavar="N",
             default=default(None),
-            help="files or chunks transferred or hashed at once (default: CPUs locally, 16 remote)",
+            help=described(
+                "workers", "files or chunks transferred or hashed at once (default: CPUs locally, 16 remote)"
+            ),
         )
-    if "progress" in common:
+    if "progress" in common or "progress" in unused:
         group.add_argument(
             "--no-progress",
             action="store_true",
             default=default(False),
-            help="no progress bar; there is none anyway when stderr is not a terminal",
+            help=described("progress", "no progress bar; there is none anyway when stderr is not a terminal"),
         )
     group.add_argument(
         "--debug", action="store_true", default=default(False), help="debug logging, and a traceback with any error"

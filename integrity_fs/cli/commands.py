@@ -10,21 +10,18 @@ A command is one entry in :data:`COMMANDS`: its help, its arguments (:mod:`.cli_
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__, checkpoints, formats, signing, storage, transfer
 from ..manifest import MANIFEST_FILENAME
 from ..manifests import read_manifest
-from ..seal import seal, sign
+from ..seal import sign
 from ..text import format_work
-from ..verify import verify
-from . import demo
+from . import demo, launch
 from .args import (
     add_common_options,
     build_storage_options,
@@ -46,6 +43,7 @@ from .args import (
 )
 from .errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedError, UsageError, report_error
 from .output import (
+    cli_logging,
     failure,
     print_manifest,
     print_status,
@@ -58,7 +56,7 @@ from .output import (
     write_bytes,
 )
 
-__all__ = ["COMMANDS", "Command", "build_parser", "build_storage_options", "main", "parse_option"]
+__all__ = ["COMMANDS", "Command", "build_parser", "build_storage_options", "execute", "main", "parse_option"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,17 +71,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
+    options, key = args.launch.agreed(lambda: (options_of(args), private_key_of(args.sign_key)))
     with running(args, "seal") as run:
-        manifest = seal(
+        manifest = args.launch.seal(
             args.url,
+            mode=args.mode,
             algorithm=args.algorithm,
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
-            storage_options=options_of(args),
+            storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
             overwrite=args.force,
-            private_key=private_key_of(args.sign_key),
+            private_key=key,
         )
     print_written(f"sealed {args.url}", manifest, run.elapsed(), key_path=args.sign_key)
     return EXIT_OK
@@ -101,11 +101,12 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    key = public_key_of(args.public_key)
+    options, key = args.launch.agreed(lambda: (options_of(args), public_key_of(args.public_key)))
     with running(args, "verify", lambda err, elapsed: print_verify_report(args, err.report, elapsed, err)) as run:
-        report = verify(
+        report = args.launch.verify(
             args.url,
-            storage_options=options_of(args),
+            mode=args.mode,
+            storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
             strict=args.strict,
@@ -124,30 +125,43 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    options = args.launch.agreed(lambda: options_of(args))
     with running(args, "status", bar=args.full) as run:  # only hashing takes long
-        found = checkpoints.status(
+        found = args.launch.status(
             args.root,
+            mode=args.mode,
             full=args.full,
             strict=args.strict,
-            storage_options=options_of(args),
+            storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
         )
-    print_status(args.root, found, as_json=args.json)
+    print_status(args.root, found, as_json=args.json, full=args.full)
     if not any(checkpoint.sealed for checkpoint in found) and (note := root_is_a_checkpoint(args)):
         print(f"{PROG}: note: {note}", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
-    found = checkpoints.latest_verified(
-        args.root,
-        quick=args.quick,
-        strict=args.strict,
-        storage_options=options_of(args),
-        max_workers=args.workers,
-        public_key=public_key_of(args.public_key),
-    )
+    def prepare() -> tuple[dict[str, Any], Any]:
+        options = options_of(args)
+        # The library answers None for a root that is not there (a run's first resume must not
+        # crash); from a shell that is most often a typo: exit 4 with a path hint, not "none verifies".
+        storage.check_root(*storage.resolve(args.root, options))
+        return options, public_key_of(args.public_key)
+
+    options, key = args.launch.agreed(prepare)
+    with running(args, "latest", bar=not args.quick) as run:  # only hashing takes long
+        found = args.launch.latest_verified(
+            args.root,
+            mode=args.mode,
+            quick=args.quick,
+            strict=args.strict,
+            storage_options=options,
+            max_workers=args.workers,
+            public_key=key,
+            callback=run.callback,
+        )
     if found is None:
         raise none_verified(args)
     print(found[0])
@@ -161,7 +175,7 @@ def none_verified(args: argparse.Namespace) -> NoneVerifiedError:
     try:
         if checkpoints.find_checkpoints(args.root, storage_options=options_of(args)):
             return NoneVerifiedError(message, root_is_a_checkpoint(args))
-    except OSError:  # no ROOT (a WARNING said so), or a listing that failed this time
+    except OSError:  # ROOT removed since it was checked, or a listing that failed this time
         return NoneVerifiedError(message)
     hint = root_is_a_checkpoint(args) or (
         "ROOT is a run's directory, holding one directory per checkpoint (step_1000, ...); "
@@ -256,6 +270,8 @@ class Command:
     epilog: str
     arguments: Callable[[argparse.ArgumentParser], None]
     common: tuple[str, ...] = ("workers", "progress", "options")
+    #: Common options accepted (a script may pass them to every command) but of no use here.
+    unused: tuple[str, ...] = ()
 
 
 def _examples(*lines: str) -> str:
@@ -312,6 +328,7 @@ COMMANDS: list[Command] = [
         + _examples("show s3://bucket/run/step_1000", "show ./step_1000 --json"),
         show_arguments,
         common=("options",),
+        unused=("workers", "progress"),
     ),
     Command(
         "export",
@@ -326,6 +343,7 @@ COMMANDS: list[Command] = [
         ),
         export_arguments,
         common=("options",),
+        unused=("workers", "progress"),
     ),
     Command(
         "status",
@@ -346,7 +364,6 @@ COMMANDS: list[Command] = [
         "on stderr; with none left, nothing is printed on stdout and the exit code is 1.\n\n"
         + _examples("latest s3://bucket/run", 'latest ./run --quick   # CKPT="$(integrity-fs latest ./run)"'),
         latest_arguments,
-        common=("workers", "options"),
     ),
     Command(
         "download",
@@ -433,38 +450,33 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.set_defaults(run=command.run)
         command.arguments(sub)
-        add_common_options(sub, command.common, top_level=False)
+        add_common_options(sub, command.common, top_level=False, unused=command.unused)
     return parser
 
 
-@contextlib.contextmanager
-def cli_logging(*, debug: bool) -> Iterator[None]:
-    """integrity_fs's own warnings (a skipped symlink, a retried read) on this call's stderr; all
-    of them with ``--debug``. Only for the call: a program that runs ``main()`` in-process gets its
-    logging back as it was (its handlers see integrity_fs's records again)."""
-    logger = logging.getLogger("integrity_fs")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
-    before = logger.propagate, logger.level
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate, logger.level = before
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (see the module docstring)."""
+    """Run the command line; returns the exit code (see the module docstring). Under a launcher
+    (``WORLD_SIZE`` > 1), ``seal``, ``verify``, ``latest`` and ``status`` run as collectives
+    (:mod:`.launch`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+
+    def report(error: BaseException, args: argparse.Namespace | None) -> int:
+        return report_error(error, args, as_json="--json" in argv, debug=False)
+
+    if launch.launched() and launch.collective_command(argv, [command.name for command in COMMANDS]):
+        return launch.run(argv, build_parser().parse_args, execute, report)
     try:
         args = build_parser().parse_args(argv)
     except UsageError as error:
-        return report_error(error, None, as_json="--json" in argv, debug=False)
+        return report(error, None)
+    args.launch = launch.Local()
+    return execute(args)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the parsed command: its exception becomes the exit code and the two stderr lines."""
     try:
-        with cli_logging(debug=args.debug):
+        with cli_logging(PROG, debug=args.debug):
             code: int = args.run(args)
         return code
     except KeyboardInterrupt:

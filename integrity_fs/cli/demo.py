@@ -55,18 +55,36 @@ def run(*, max_workers: int | None = None, progress: ProgressFactory = no_progre
             f"the demo needs moto and s3fs, and {exc.name} is missing",
             name=exc.name,
         ) from exc
-    # The server accepts any credentials; these keep real ones out of the demo.
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    os.environ.pop("AWS_SESSION_TOKEN", None)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    # The server accepts any credentials; these keep real ones out of the demo, for its duration.
+    with _environment(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_SESSION_TOKEN=None):
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            with tempfile.TemporaryDirectory(prefix="integrity-fs-demo-") as workdir:
+                return _Demo(f"http://{host}:{port}", workdir, max_workers, progress, out).run()
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (``None``: unset) inside, and as it was afterwards."""
+    before = {name: os.environ.get(name) for name in values}
+
+    def put(settings: dict[str, str | None]) -> None:
+        for name, value in settings.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    put(values)
     try:
-        host, port = server.get_host_and_port()
-        with tempfile.TemporaryDirectory(prefix="integrity-fs-demo-") as workdir:
-            return _Demo(f"http://{host}:{port}", workdir, max_workers, progress, out).run()
+        yield
     finally:
-        server.stop()
+        put(before)
 
 
 class _Demo:

@@ -11,7 +11,8 @@ import errno
 import sys
 import traceback
 
-from ..errors import IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from ..errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from ..report import printable
 from ..text import name_problems
 from .output import print_json
 
@@ -22,7 +23,9 @@ __all__ = [
     "EXIT_STORAGE",
     "EXIT_USAGE",
     "EXTRAS",
+    "FILE_CHANGED_HINT",
     "PROG",
+    "AgreedError",
     "KeyFileError",
     "NoneVerifiedError",
     "UsageError",
@@ -39,6 +42,9 @@ EXIT_USAGE = 2
 EXIT_MANIFEST = 3
 EXIT_STORAGE = 4
 
+#: The hint for a ``FileChangedError``, whichever command met it.
+FILE_CHANGED_HINT = "a file changed while it was read: run again once writers are done"
+
 #: Extras that install a missing optional package, by the package's import name.
 EXTRAS = {
     "s3fs": "s3",
@@ -50,6 +56,16 @@ EXTRAS = {
     "cryptography": "sign",
     "blake3": "blake3",
 }
+
+
+class AgreedError(Exception):
+    """A failure that one rank met and every rank of a launched command reports (see
+    :mod:`.launch`): its exit code and hint are the failing rank's."""
+
+    def __init__(self, code: int, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.hint = hint
 
 
 class UsageError(Exception):
@@ -72,6 +88,8 @@ class NoneVerifiedError(Exception):
 def exit_code_for(error: BaseException) -> int:
     """The documented exit code for an exception (order matters: the manifest errors are also
     ``FileNotFoundError`` and ``ValueError``; a refusal is a ``FileExistsError``)."""
+    if isinstance(error, AgreedError):
+        return error.code
     if isinstance(error, (IntegrityError, NoneVerifiedError)):
         return EXIT_INTEGRITY
     if isinstance(error, (ManifestNotFoundError, ManifestError, NotImplementedError)):
@@ -104,6 +122,8 @@ def _install_hint(error: ImportError) -> str:
 def describe_error(error: BaseException, args: argparse.Namespace | None = None) -> tuple[str, str]:
     """What failed (naming the file or URL) and what to do about it, for the two stderr lines."""
     command = getattr(args, "command", None) or "COMMAND"
+    if isinstance(error, AgreedError):
+        return str(error), error.hint
     if isinstance(error, SignatureError):
         return str(error), (
             "do not load it: it changed after signing, or was signed by another key (or never signed); "
@@ -132,6 +152,8 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         if command == "sign":
             return what, "nothing was signed: restore the named files from a good copy, then sign again"
         return what, "do not load it; restore the named files from a good copy, and re-seal only content you trust"
+    if isinstance(error, FileChangedError):
+        return str(error), FILE_CHANGED_HINT
     if isinstance(error, ManifestNotFoundError):
         if getattr(args, "manifest", None) is not None:
             return str(error), "check --manifest: a relative name is inside URL; give a path or URL otherwise"
@@ -165,10 +187,12 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             return what, "the disk is full: free space on the destination, or choose another one"
         local = _is_local(error, args)
         if isinstance(error, (FileNotFoundError, NotADirectoryError)):
-            wanted = "a run's directory, holding its checkpoints" if command in ("status", "latest") else None
+            run = command in ("status", "latest")
+            wanted = "a run's directory, holding its checkpoints" if run else "a checkpoint directory"
+            later = "; a run that has not saved yet has none: create ROOT first" if command == "latest" else ""
             if local:
-                return what, f"check the path: it must name an existing {wanted or 'checkpoint directory'}"
-            return what, f"check the bucket and prefix in the URL: it must name {wanted or 'a checkpoint directory'}"
+                return what, f"check the path: it must name {wanted} that exists{later}"
+            return what, f"check the bucket and prefix in the URL: it must name {wanted}{later}"
         if local:
             return what, "check the path and its permissions; --debug shows the full error"
         return (
@@ -188,6 +212,6 @@ def report_error(error: BaseException, args: argparse.Namespace | None, *, as_js
     if as_json and not (isinstance(error, IntegrityError) and getattr(args, "command", None) == "verify"):
         urls: list[str | None] = [*_urls(args), None]
         print_json({"url": urls[0], "ok": False, "exit_code": code, "error": what})
-    print(f"{PROG}: error: {what}", file=sys.stderr)
-    print(f"{PROG}: hint: {hint}", file=sys.stderr)
+    print(f"{PROG}: error: {printable(what)}", file=sys.stderr)  # a message may quote names (and a backend's newlines)
+    print(f"{PROG}: hint: {printable(hint)}", file=sys.stderr)
     return code

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -25,7 +27,9 @@ from ..text import describe_problem, extra_note, format_bytes, format_work, name
 
 __all__ = [
     "LARGEST_SHOWN",
+    "OneLine",
     "Run",
+    "cli_logging",
     "failure",
     "print_failure",
     "print_json",
@@ -64,21 +68,58 @@ def write_bytes(data: bytes) -> None:
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool, desc: str) -> Iterator[Callback]:
-    """A tqdm bar on stderr (bytes, rate, ETA); fsspec's no-op callback when disabled or without tqdm."""
-    try:
-        if not enabled:
-            raise ImportError
-        import tqdm  # noqa: F401  (imported first: a TqdmCallback half-built without it complains at exit)
-        from fsspec.callbacks import TqdmCallback
-    except ImportError:
+    """A tqdm bar on stderr (bytes, rate, ETA, in the binary units the summaries use); fsspec's
+    no-op callback when disabled or without tqdm. Each ``set_size`` starts the bar afresh (``latest``
+    verifies one checkpoint after another)."""
+    callback = _tqdm_callback(desc) if enabled else None
+    if callback is None:  # decided outside any ``except``: the command's own errors chain nothing
         yield DEFAULT_CALLBACK
         return
-    kwargs = {"desc": desc, "unit": "B", "unit_scale": True, "unit_divisor": 1024, "file": sys.stderr, "leave": False}
-    callback = TqdmCallback(tqdm_kwargs={**kwargs, "dynamic_ncols": True})
     try:
         yield callback
     finally:
         callback.close()
+
+
+def _tqdm_callback(desc: str) -> Callback | None:
+    try:
+        import tqdm  # imported first: a TqdmCallback half-built without it complains at exit
+        from fsspec.callbacks import TqdmCallback
+    except ImportError:
+        return None
+
+    class BinaryBar(tqdm.tqdm):  # type: ignore[misc]  # tqdm is untyped
+        """tqdm's ``unit_scale`` says ``MB`` for MiB (and its rate divides by 1000): these fields
+        print what :func:`format_bytes` prints."""
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            d: dict[str, Any] = super().format_dict
+            rate = d.get("rate") or (d["n"] / d["elapsed"] if d.get("elapsed") else 0)
+            total = d.get("total")
+            d.update(
+                done=format_bytes(d["n"]),
+                size="?" if total is None else format_bytes(total),
+                speed=f"{format_bytes(rate)}/s",
+            )
+            return d
+
+    class Stages(TqdmCallback):  # type: ignore[misc]  # fsspec is untyped
+        def set_size(self, size: int) -> None:
+            if self.tqdm is not None:
+                self.tqdm.reset(total=size)
+            self.value = 0
+            super().set_size(size)
+
+    kwargs = {
+        "desc": desc,
+        "file": sys.stderr,
+        "leave": False,
+        "dynamic_ncols": True,
+        "bar_format": "{desc}: {percentage:3.0f}%|{bar}| {done}/{size} [{elapsed}<{remaining}, {speed}]",
+    }
+    callback: Callback = Stages(tqdm_kwargs=kwargs, tqdm_cls=BinaryBar)
+    return callback
 
 
 def progress(
@@ -199,10 +240,12 @@ def verify_notes(args: argparse.Namespace, report: Report) -> Iterator[str]:
             yield "; no file attested by the store, all hashed (--attested)"
 
 
-def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool) -> None:
-    """One aligned line per checkpoint (name, sealed, files, bytes, verdict), or a JSON list."""
+def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool, full: bool) -> None:
+    """One aligned line per checkpoint (name, sealed, files, bytes, verdict), or a JSON list;
+    ``checked`` says what an ``ok`` rests on: ``"sizes"`` (names and sizes) or ``"content"``."""
     if as_json:
-        print_json([checkpoint.to_dict() for checkpoint in found])
+        checked = "content" if full else "sizes"
+        print_json([{**checkpoint.to_dict(), "checked": checked} for checkpoint in found])
         return
     if not found:
         print(f"no checkpoints under {root}", file=sys.stderr)
@@ -214,15 +257,21 @@ def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool)
         sealed = "sealed" if checkpoint.sealed else "unsealed"
         print(
             f"{name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
-            f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint)}"
+            f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint, full=full)}"
         )
 
 
-def status_verdict(checkpoint: CheckpointStatus) -> str:
+def status_verdict(checkpoint: CheckpointStatus, *, full: bool) -> str:
+    """The verdict in words: ``sizes ok`` when only names and sizes were compared (as ``verify
+    --quick`` says), ``ok`` when every byte was hashed."""
+    if checkpoint.verdict == "ok":
+        return "ok" if full else "sizes ok"
     if checkpoint.verdict == "damaged" and checkpoint.problems:
         return f"damaged: {name_problems(checkpoint.problems, limit=3)}"
     if checkpoint.verdict == "invalid":
-        return f"invalid: {checkpoint.detail}"
+        return f"invalid: {printable(checkpoint.detail)}"
+    if checkpoint.verdict == "changing":
+        return "changing: a file changed while it was read; run again once writers are done"
     return checkpoint.verdict
 
 
@@ -263,3 +312,41 @@ def print_manifest(url: str, manifest: Manifest, *, as_json: bool) -> None:
         print("largest files:")
         for name, size in largest:
             print(f"  {format_bytes(size):>10}  {printable(name)}")
+
+
+class OneLine(logging.Formatter):
+    """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
+    error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
+@contextlib.contextmanager
+def cli_logging(prog: str, *, debug: bool) -> Iterator[None]:
+    """integrity_fs's own warnings (a skipped symlink, a retried read) on this call's stderr; all
+    of them with ``--debug``. Only for the call: a program that runs ``main()`` in-process gets its
+    logging back as it was (its handlers see integrity_fs's records again).
+
+    Without ``--debug``, what other packages log or warn (gcsfs logs a 50-line traceback for a
+    request it gives up on, google-auth warns about credentials) stays off stderr: the error's two
+    lines say what failed, and ``--debug`` shows the rest."""
+    logger = logging.getLogger("integrity_fs")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLine(f"{prog}: %(levelname)s: %(message)s"))
+    before = logger.propagate, logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    quiet = logging.NullHandler()  # a handler on the root: logging's last resort (stderr) stays unused
+    with contextlib.ExitStack() as stack:
+        if not debug:
+            logging.getLogger().addHandler(quiet)
+            stack.callback(logging.getLogger().removeHandler, quiet)
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.propagate, logger.level = before

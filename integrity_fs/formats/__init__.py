@@ -20,6 +20,7 @@ from typing import Any
 from .. import signing
 from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
+from ..report import printable
 
 __all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
 
@@ -120,7 +121,9 @@ def _is_ours(name: object, where: str) -> bool:
     is not verified against another, and ``model.sig`` is checked with ``public_key=``."""
     if name not in (MANIFEST_FILENAME, signing.SIGNATURE_FILENAME):
         return False
-    log.warning("%s lists %s: left out (never content: it is not verified against this manifest)", where, name)
+    log.warning(
+        "%s lists %s: left out (never content: it is not verified against this manifest)", printable(where), name
+    )
     return True
 
 

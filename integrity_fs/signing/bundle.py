@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ManifestError, SignatureError
 from ..hashing import chunk_count, chunk_range, combine_chunk_digests
 from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
-from ..report import SIGNATURE_FILENAME
+from ..report import SIGNATURE_FILENAME, printable
 from .keys import PrivateKey, PublicKey, ecdsa, key_hint, load_private_key, load_public_key
 
 if TYPE_CHECKING:
@@ -239,7 +239,9 @@ def read_statement(payload: bytes) -> Signed:
             raise ManifestError(f"{name!r} is listed twice")
         seen.add(name)
         if path in IGNORE_PATHS:
-            log.warning("the signed statement lists %s: left out (never content: not verified against it)", name)
+            log.warning(
+                "the signed statement lists %s: left out (never content: not verified against it)", printable(str(name))
+            )
             continue
         out[name] = value.lower()
     if not isinstance(root, str) or hasher.hexdigest() != root.lower():

@@ -30,6 +30,12 @@ def _changed(path: str, generation: str) -> FileChangedError:
     )
 
 
+def _precondition_failed(exc: Exception) -> bool:
+    """412 Precondition Failed: ``FileExistsError`` since gcsfs 2024.12, an ``HttpError`` of code
+    412 before."""
+    return isinstance(exc, FileExistsError) or getattr(exc, "code", None) == 412
+
+
 class GcsRange:
     """Bytes ``[start, end)`` of a GCS object, read as they are asked for (the async-file shape
     ``storage`` streams from: ``read(n)``, ``close()``). ``total_size`` is the object's size as
@@ -56,7 +62,9 @@ class GcsRange:
             bucket, key, _ = self._fs.split_path(self._path)
             try:
                 meta = await self._fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True, **self._pin())
-            except FileExistsError as exc:  # gcsfs's name for 412 Precondition Failed
+            except Exception as exc:
+                if not _precondition_failed(exc):
+                    raise
                 raise _changed(self._path, str(self._generation)) from exc
             self.total_size = int(meta["size"])
         return self
@@ -71,7 +79,9 @@ class GcsRange:
                     headers={"Range": f"bytes={self._pos}-{stop - 1}"},
                     **self._pin(),
                 )
-            except FileExistsError as exc:
+            except Exception as exc:
+                if not _precondition_failed(exc):
+                    raise
                 raise _changed(self._path, str(self._generation)) from exc
             total = str(headers.get("Content-Range") or "").rpartition("/")[2]
             if self.total_size is None and total.isdigit():

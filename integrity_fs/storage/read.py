@@ -30,6 +30,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from ..errors import FileChangedError
 from ..hashing import READ_SIZES, new_hasher
+from ..report import printable
 from . import gcs, s3
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import Version, forget_cached, stamp_of
@@ -466,7 +467,7 @@ def retried(
                 check(exc)
             if attempt == attempts:
                 raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
-            log.info("retrying %s after %s (attempt %d of %d)", what, exc, attempt, attempts)
+            log.info("retrying %s after %s (attempt %d of %d)", printable(what), printable(str(exc)), attempt, attempts)
             if stop is None:
                 time.sleep(_RETRY_DELAY_S * attempt)
             elif stop.wait(_RETRY_DELAY_S * attempt):

@@ -26,6 +26,7 @@ import fsspec
 from fsspec.asyn import _run_coros_in_chunks, sync
 
 from ..errors import FileChangedError
+from ..report import printable
 
 __all__ = [
     "ChecksummedUpload",
@@ -262,7 +263,7 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
             "the store gave no checksum for %d of %d objects (GetObjectAttributes refused: %s); they are read",
             len(refused),
             len(paths),
-            refused[0],
+            printable(str(refused[0])),
         )
     return dict(zip(paths, results, strict=True))
 

@@ -44,7 +44,11 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         directory = os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
         try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: readable by whoever can read the rest
+            mode = 0o666 & ~_umask()  # mkstemp makes 0600: readable by whoever can read the rest
+            if hasattr(os, "fchmod"):  # not on Windows before Python 3.13
+                os.fchmod(fd, mode)
+            else:
+                os.chmod(tmp, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
