@@ -321,7 +321,7 @@ def test_dump_round_trips_and_sha256sum_checks_it(tmp_path: Path) -> None:
         formats.dump(manifest, "model_signing")
 
 
-def test_verify_manifest_argument(tmp_path: Path) -> None:
+def test_verify_manifest_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _tree(tmp_path / "ckpt")
     manifest = ifs.seal(root)
     (root / MANIFEST_FILENAME).unlink()
@@ -331,7 +331,6 @@ def test_verify_manifest_argument(tmp_path: Path) -> None:
     assert ifs.verify(root, manifest=outside, strict=True).ok
     (root / "SUMS").write_bytes(outside.read_bytes())
     assert ifs.verify(root, manifest=root / "SUMS", strict=True).extra == ()  # absolute, inside the root
-    assert ifs.verify(root, manifest="./SUMS", strict=True).extra == ()
     assert ifs.verify(root, manifest=outside, strict=False).extra == ("SUMS",)  # not the one in use
     with pytest.raises(ManifestNotFoundError, match="nope.json"):
         ifs.verify(root, manifest="nope.json")
@@ -339,7 +338,7 @@ def test_verify_manifest_argument(tmp_path: Path) -> None:
         ifs.verify(tmp_path / "missing", manifest="SUMS")
     assert not isinstance(info.value, ManifestNotFoundError)
     with pytest.raises(ValueError, match="not a name inside"):
-        ifs.verify(root, manifest="../elsewhere.sha256")
+        ifs.verify(root, manifest="sub/../../elsewhere.sha256")
     (root / "bad.json").write_text("{nope")
     with pytest.raises(ManifestError, match="bad.json"):
         ifs.verify(root, manifest="bad.json")

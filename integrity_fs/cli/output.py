@@ -152,9 +152,15 @@ def print_transferred(head: str, report: Report, elapsed: float, *, not_done: st
 
 
 def print_verify_report(
-    args: argparse.Namespace, report: Report, elapsed: float, error: IntegrityError | None = None
+    args: argparse.Namespace,
+    report: Report,
+    elapsed: float,
+    error: IntegrityError | None = None,
+    *,
+    unchecked_bundle: bool = False,
 ) -> None:
-    """JSON with ``--json`` (full digests), else a summary and one line per problem (short digests)."""
+    """JSON with ``--json`` (full digests), else a summary and one line per problem (short digests).
+    ``unchecked_bundle``: ``--manifest`` is a model_signing bundle whose signature was not checked."""
     if args.json:
         data = {"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick}
         data.update(attested=args.attested, manifest=args.manifest, signature_checked=args.public_key is not None)
@@ -163,6 +169,8 @@ def print_verify_report(
         print_json(data)
         return
     how = "".join(verify_notes(args, report))
+    if unchecked_bundle:
+        how += f" (a model_signing bundle: its signature was NOT checked; --public-key checks {SIGNATURE_FILENAME})"
     if isinstance(error, SignatureError):
         print(f"FAILED {args.url}: {error.detail}", flush=True)
     elif report.ok:

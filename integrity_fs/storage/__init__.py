@@ -5,7 +5,18 @@ Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
-from .listing import NOT_CONTENT, Version, check_root, exists, forget_cached, list_dirs, list_files, stamp_of
+from .listing import (
+    NOT_CONTENT,
+    Version,
+    check_no_clashes,
+    check_root,
+    exists,
+    file_folder_clashes,
+    forget_cached,
+    list_dirs,
+    list_files,
+    stamp_of,
+)
 from .read import (
     BLOCK_SIZE,
     ProgressFn,
@@ -33,11 +44,13 @@ __all__ = [
     "SizeChangedError",
     "Version",
     "beneath_caches",
+    "check_no_clashes",
     "check_root",
     "check_stop",
     "copy_file",
     "describe",
     "exists",
+    "file_folder_clashes",
     "forget_cached",
     "fresh_size",
     "hash_range",
