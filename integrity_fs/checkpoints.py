@@ -28,6 +28,7 @@ from .report import Problem, Report, printable
 from .verify import verify
 
 __all__ = [
+    "BAD_SIGNATURE",
     "CheckpointStatus",
     "Verdict",
     "find_checkpoints",
@@ -45,6 +46,9 @@ R = TypeVar("R")
 Verdict = Literal["ok", "damaged", "unsealed", "invalid", "changing"]
 
 _DIGITS = re.compile(r"[0-9]+")
+
+#: How :attr:`CheckpointStatus.detail` starts when the verdict is a signature's (``status`` with a key).
+BAD_SIGNATURE = "bad signature: "
 
 
 def find_checkpoints(
@@ -339,6 +343,9 @@ def _status_of(
         )
     except FileChangedError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "changing", (), str(exc))
+    except SignatureError as exc:
+        problems = exc.report.problems
+        return CheckpointStatus(name, url, True, files, nbytes, "damaged", problems, f"{BAD_SIGNATURE}{exc.detail}")
     except IntegrityError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "damaged", exc.report.problems, str(exc))
     except ManifestNotFoundError as exc:  # the manifest went away since it was read

@@ -499,13 +499,16 @@ def test_every_rank_raises_the_same_signature_error(ckpt: Path, key: Keys, tmp_p
              "kwargs": {"public_key": str(key.public)}},
             {"id": f"unsigned/{mode}", "op": "verify", "mode": mode, "url": str(ckpt),
              "kwargs": {"public_key": str(key.public)}},
+            {"id": f"replayed/{mode}", "op": "verify", "mode": mode, "url": str(tmp_path / f"seal-{mode}"),
+             "kwargs": {"public_key": str(key.public), "expected_name": "step_9000"}},
         ]  # fmt: skip
     results = run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tmp_path / "run")
     for mode in ("sharded", "rank0"):
         assert [r["type"] for r in results[f"seal/{mode}"]] == ["Manifest", "Manifest"]
         _ms_verify(tmp_path / f"seal-{mode}", key.public, shard_size=CHUNK)
         assert [r["type"] for r in results[f"verify/{mode}"]] == ["Report", "Report"]
-        for name, needle in (("tampered", "a.bin: signed digest differs"), ("unsigned", "not signed")):
+        replayed = ("replayed", f"signed as 'seal-{mode}', not 'step_9000'")
+        for name, needle in (("tampered", "a.bin: signed digest differs"), ("unsigned", "not signed"), replayed):
             outcomes = results[f"{name}/{mode}"]
             assert [o["type"] for o in outcomes] == ["SignatureError", "SignatureError"], outcomes
             assert outcomes[0]["message"] == outcomes[1]["message"] and needle in outcomes[0]["message"]

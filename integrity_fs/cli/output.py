@@ -16,7 +16,7 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from ..checkpoints import CheckpointStatus
+from ..checkpoints import BAD_SIGNATURE, CheckpointStatus
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
@@ -227,6 +227,8 @@ def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool)
 
 
 def status_verdict(checkpoint: CheckpointStatus) -> str:
+    if checkpoint.verdict == "damaged" and checkpoint.detail.startswith(BAD_SIGNATURE):
+        return f"damaged: {printable(checkpoint.detail)}"
     if checkpoint.verdict == "damaged" and checkpoint.problems:
         return f"damaged: {name_problems(checkpoint.problems, limit=3)}"
     if checkpoint.verdict == "invalid":

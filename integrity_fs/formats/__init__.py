@@ -22,7 +22,7 @@ from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest, parse_json
 from .sums import SUM_FORMATS, dump_sums, is_sum_list, read_sums
 
-__all__ = ["B3SUM_NAMES", "DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
+__all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
 
 log = logging.getLogger("integrity_fs")
 
@@ -30,9 +30,10 @@ log = logging.getLogger("integrity_fs")
 FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "b3sum", "model_signing")
 #: What :func:`dump` writes.
 DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "b3sum", "megatron", "seed")
-#: File names that say a checksum list is ``b3sum``'s (the content looks like ``sha256sum``'s):
-#: ``B3SUMS``, and names ending ``.b3``, ``.b3sum``, ``.b3sums`` or ``.blake3`` (any case).
-B3SUM_NAMES: tuple[str, ...] = ("b3sums", "b3sum", ".b3", ".b3sum", ".b3sums", ".blake3")
+#: File names (any case) that say a checksum list is ``b3sum``'s: its content looks like ``sha256sum``'s.
+B3SUM_NAMES: tuple[str, ...] = ("b3sums", "b3sum")
+#: File name endings (any case) that say the same.
+B3SUM_SUFFIXES: tuple[str, ...] = (".b3", ".b3sum", ".b3sums", ".blake3")
 
 
 def load(data: bytes, format: str = "auto") -> Manifest:
@@ -58,7 +59,7 @@ def detect(data: bytes, *, name: str | None = None) -> str:
     """The format of ``data``, judged by content; ``ManifestError`` when it is none of :data:`FORMATS`.
 
     ``sha256sum`` and ``b3sum`` lists look alike: a list is ``b3sum``'s only when its file
-    ``name`` says so (see :data:`B3SUM_NAMES`), else ``sha256sum``'s.
+    ``name`` says so (:data:`B3SUM_NAMES`, :data:`B3SUM_SUFFIXES`), else ``sha256sum``'s.
     """
     if data.lstrip()[:1] == b"{":
         obj = _json_object(data, "manifest")
@@ -74,7 +75,7 @@ def detect(data: bytes, *, name: str | None = None) -> str:
         )
     if is_sum_list(data):  # `sha256sum -c` skips blank lines; so does the reader, and so must detection
         lowered = (name or "").lower()
-        return "b3sum" if lowered in B3SUM_NAMES[:2] or lowered.endswith(B3SUM_NAMES[2:]) else "sha256sum"
+        return "b3sum" if lowered in B3SUM_NAMES or lowered.endswith(B3SUM_SUFFIXES) else "sha256sum"
     raise ManifestError(f"not a manifest in any known format ({', '.join(FORMATS)})")
 
 
