@@ -139,7 +139,9 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         return what, "do not load it; restore the named files from a good copy, and re-seal only content you trust"
     if isinstance(error, ManifestNotFoundError):
         if getattr(args, "manifest", None) is not None:
-            return str(error), "check --manifest: a relative name is inside URL; give a path or URL otherwise"
+            return str(error), (
+                "check --manifest: a bare name is inside URL; ./FILE, ../FILE and absolute paths are local; or a URL"
+            )
         return str(error), f"seal it first with `{PROG} seal URL`, once you trust its content"
     if isinstance(error, ManifestError):
         return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
