@@ -27,7 +27,16 @@ from .manifest import Manifest
 from .report import Problem, Report, printable
 from .verify import verify
 
-__all__ = ["CheckpointStatus", "Verdict", "find_checkpoints", "latest_verified", "newest_that", "status"]
+__all__ = [
+    "BAD_SIGNATURE",
+    "CheckpointStatus",
+    "Verdict",
+    "find_checkpoints",
+    "latest_verified",
+    "newest_that",
+    "signed_name",
+    "status",
+]
 
 log = logging.getLogger("integrity_fs")
 
@@ -37,6 +46,9 @@ R = TypeVar("R")
 Verdict = Literal["ok", "damaged", "unsealed", "invalid", "changing"]
 
 _DIGITS = re.compile(r"[0-9]+")
+
+#: How :attr:`CheckpointStatus.detail` starts when the verdict is a signature's (``status`` with a key).
+BAD_SIGNATURE = "bad signature: "
 
 
 def find_checkpoints(
@@ -122,8 +134,9 @@ def latest_verified(
     Candidates come from :func:`find_checkpoints` and are verified newest first (``quick`` and
     ``strict`` as for :func:`integrity_fs.verify`). Unsealed (no manifest: a save that died before
     sealing), invalid and damaged ones are skipped, each with a WARNING on the ``integrity_fs``
-    logger naming the reason; with ``public_key``, so are checkpoints whose signature is missing or
-    does not match (``SignatureError``), and those deleted since the listing (a rotation). A storage
+    logger naming the reason; with ``public_key``, so are checkpoints whose signature is missing, does
+    not match, or names another checkpoint (``SignatureError``: ``step_1000``'s signature copied to
+    ``step_9000`` is refused there), and those deleted since the listing (a rotation). A storage
     error (``OSError``) is raised, never skipped. A root that does not exist yet (a run that never
     saved) is logged and gives ``None``. ``callback`` goes to each verification in turn (each
     calls ``set_size`` with its own total).
@@ -136,10 +149,23 @@ def latest_verified(
 
     def attempt(path: str) -> Report:
         return verify(
-            path, fs=fs_, max_workers=max_workers, callback=callback, strict=strict, quick=quick, public_key=public_key
+            path,
+            fs=fs_,
+            max_workers=max_workers,
+            callback=callback,
+            strict=strict,
+            quick=quick,
+            public_key=public_key,
+            expected_name=signed_name(path, public_key),
         )
 
     return newest_that(candidates, attempt)
+
+
+def signed_name(path: str, public_key: object) -> str | None:
+    """The name a checkpoint's signature must give it, when a key is checked: its directory's
+    name (what model_signing and :func:`integrity_fs.seal` record); ``None`` without a key."""
+    return None if public_key is None else manifests.model_name(path)
 
 
 def newest_that(
@@ -207,6 +233,7 @@ def status(
     fs: fsspec.AbstractFileSystem | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> list[CheckpointStatus]:
     """Every checkpoint under ``root``, newest first, with its verdict.
 
@@ -214,9 +241,12 @@ def status(
     every file. ``callback`` sees one total, the bytes of every valid manifest, and then the bytes
     as they are hashed (``full=True`` only). A checkpoint deleted since the listing (a rotation) is
     left out, with a WARNING. A manifest of an algorithm or granularity this installation cannot
-    verify (``NotImplementedError``) makes its checkpoint ``"invalid"``. Raises what
-    :func:`find_checkpoints` raises, and ``OSError`` on a storage error.
+    verify (``NotImplementedError``) makes its checkpoint ``"invalid"``. With ``public_key``, a
+    sealed checkpoint whose signature is missing, does not match, or names another checkpoint
+    (as :func:`latest_verified` skips them) is ``"damaged"``, its ``detail`` saying why. Raises
+    what :func:`find_checkpoints` raises, and ``OSError`` on a storage error.
     """
+    key = None if public_key is None else signing.load_public_key(public_key)
     fs_, root_ = storage.resolve(root, storage_options, fs)
     paths = {name: storage.join(root_, name) for name in checkpoint_names(fs_, root_)}
     manifests: dict[str, Manifest | Exception] = {}
@@ -232,7 +262,17 @@ def status(
         path = paths[name]
         with _unless_vanished(fs_, path):
             out.append(
-                _status_of(fs_, path, name, manifest, full=full, strict=strict, max_workers=max_workers, callback=share)
+                _status_of(
+                    fs_,
+                    path,
+                    name,
+                    manifest,
+                    full=full,
+                    strict=strict,
+                    max_workers=max_workers,
+                    callback=share,
+                    key=key,
+                )
             )
     return out
 
@@ -283,6 +323,7 @@ def _status_of(
     strict: bool,
     max_workers: int | None,
     callback: Callback | None,
+    key: Any = None,
 ) -> CheckpointStatus:
     url = checkpoint_url(fs, path)
     if isinstance(manifest, ManifestNotFoundError):
@@ -294,9 +335,21 @@ def _status_of(
         listing = storage.list_files(fs, path)
         nbytes = sum(size for file, size in listing.items() if file in manifest.files)
     try:
-        verify(path, fs=fs, max_workers=max_workers, callback=callback, strict=strict, quick=not full)
+        verify(
+            path,
+            fs=fs,
+            max_workers=max_workers,
+            callback=callback,
+            strict=strict,
+            quick=not full,
+            public_key=key,
+            expected_name=signed_name(path, key),
+        )
     except FileChangedError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "changing", (), str(exc))
+    except SignatureError as exc:
+        problems = exc.report.problems
+        return CheckpointStatus(name, url, True, files, nbytes, "damaged", problems, f"{BAD_SIGNATURE}{exc.detail}")
     except IntegrityError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "damaged", exc.report.problems, str(exc))
     except ManifestNotFoundError as exc:  # the manifest went away since it was read

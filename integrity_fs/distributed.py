@@ -110,18 +110,21 @@ def verify(
     attested: bool = False,
     manifest: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
+    expected_name: str | None = None,
+    manifest_format: str = "auto",
 ) -> Report:
     """:func:`integrity_fs.verify` as a collective: call it on every rank of ``group`` (default: the world).
 
     Every rank returns an equal :class:`~integrity_fs.Report` or raises the same exception.
     ``storage_options``, ``fs``, ``max_workers`` and ``callback`` are each rank's own (the callback
-    sees this rank's bytes); ``strict``, ``quick``, ``attested``, ``manifest`` and ``public_key`` are
-    taken from rank 0, which checks the signature before any content is hashed. ``mode`` must be the
-    same on every rank (else ``ValueError`` on every rank). In sharded mode every rank lists ``url``,
-    and ranks that see different files raise ``OSError``: it needs shared storage. Each rank's
-    reads are pinned to the versions its own listing saw. With ``attested`` in sharded mode, each
-    rank asks the store for the checksums of its share of the files (split by name), and only the
-    units of the files no checksum attests are split across ranks and hashed.
+    sees this rank's bytes); ``strict``, ``quick``, ``attested``, ``manifest``, ``manifest_format``, ``public_key`` and
+    ``expected_name`` are taken from rank 0, which checks the signature before any content is
+    hashed. ``mode`` must be the same on every rank (else ``ValueError`` on every rank). In sharded
+    mode every rank lists ``url``, and ranks that see different files raise ``OSError``: it needs
+    shared storage. Each rank's reads are pinned to the versions its own listing saw. With
+    ``attested`` in sharded mode, each rank asks the store for the checksums of its share of the
+    files (split by name), and only the units of the files no checksum attests are split across
+    ranks and hashed.
     """
     g = group_of(group)
 
@@ -137,19 +140,23 @@ def verify(
             attested=attested,
             manifest=manifest,
             public_key=public_key,
+            expected_name=expected_name,
+            manifest_format=manifest_format,
         )
 
     if g is None:
         check_mode(mode)
         return local_verify()
     call = Call(g)
-    agreed, view = call.agree(mode, lambda: _look(url, storage_options, fs))
+    agreed, view = call.agree(mode, lambda: _look(url, storage_options, fs, leftovers=True))
     if agreed == "rank0":
         return call.on_rank0(local_verify)
     work = call.attempt(lambda: Work(max_workers, callback))  # this rank's own: a bad one travels as its share
     planned = broadcast(
         g,
-        call.attempt(lambda: _plan_verify(view, strict, quick, attested, manifest, public_key))
+        call.attempt(
+            lambda: _plan_verify(view, strict, quick, attested, manifest, public_key, expected_name, manifest_format)
+        )
         if g.rank == 0
         else None,
     )
@@ -279,12 +286,15 @@ class _View:
     token: tuple[str, str]  # (where, fingerprint of the names, sizes and version stamps)
 
 
-def _look(url: URL, storage_options: dict[str, Any] | None, fs: fsspec.AbstractFileSystem | None) -> _View:
-    """List ``url`` on this rank, with a fingerprint that changes with any name, size, mtime or ETag."""
+def _look(
+    url: URL, storage_options: dict[str, Any] | None, fs: fsspec.AbstractFileSystem | None, *, leftovers: bool = False
+) -> _View:
+    """List ``url`` on this rank, with a fingerprint that changes with any name, size, mtime or ETag
+    (``leftovers``: as :func:`integrity_fs.storage.list_files`, for a verification)."""
     fs_, root = storage.resolve(url, storage_options, fs)
     stamps: dict[str, str] = {}
     versions: dict[str, storage.Version] = {}
-    sizes = storage.list_files(fs_, root, stamps=stamps, versions=versions)
+    sizes = storage.list_files(fs_, root, stamps=stamps, versions=versions, leftovers=leftovers)
     listing = json.dumps([[name, size, stamps.get(name, "")] for name, size in sizes.items()])
     token = (storage.describe(fs_, root), hashlib.sha256(listing.encode()).hexdigest())
     return _View(fs_, root, sizes, versions, token)
@@ -297,10 +307,20 @@ def _plan_verify(
     attested: bool,
     manifest: Manifest | URL | None,
     public_key: signing.PublicKey | None,
+    expected_name: str | None,
+    manifest_format: str = "auto",
 ) -> _VerifyPlan:
     """Rank 0: read the manifest (and check the signature with a key) against its listing."""
     assert view is not None
-    options = verify_options(strict=strict, quick=quick, attested=attested, manifest=manifest, public_key=public_key)
+    options = verify_options(
+        strict=strict,
+        quick=quick,
+        attested=attested,
+        manifest=manifest,
+        public_key=public_key,
+        expected_name=expected_name,
+        manifest_format=manifest_format,
+    )
     prepared = prepare(view.fs, view.root, options, sizes=view.sizes)
     attest = bool(attested) and not quick and bool(attestable_names(prepared.manifest, prepared.plan))
     return _VerifyPlan(prepared, prepared.manifest.algorithm, attest)
@@ -425,6 +445,7 @@ def latest_verified(
             strict=strict,
             quick=quick,
             public_key=public_key,
+            expected_name=checkpoints.signed_name(path, public_key),
         )
 
     return checkpoints.newest_that(candidates, attempt, warn=g.rank == 0)

@@ -89,22 +89,33 @@ def load_manifest_if_any(fs: fsspec.AbstractFileSystem, root: str) -> Manifest |
 
 
 def check_signature(
-    fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest | None, public_key: signing.PublicKey
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    manifest: Manifest | None,
+    public_key: signing.PublicKey,
+    *,
+    expected_name: str | None = None,
 ) -> Manifest:
     """Check the root's ``model.sig`` with ``public_key`` and against ``manifest``; the manifest
     to verify content against (the signed digests when ``manifest`` is ``None``).
 
-    ``SignatureError`` when the signature is missing, invalid, or covers other digests.
+    ``SignatureError`` when the signature is missing (or not a regular file), invalid, covers
+    other digests, or (``expected_name``) names another checkpoint than ``expected_name``.
     """
     location = storage.describe(fs, root)
+    path = storage.join(root, signing.SIGNATURE_FILENAME)
     try:
-        data = storage.read_file(fs, storage.join(root, signing.SIGNATURE_FILENAME))
-    except (FileNotFoundError, IsADirectoryError) as exc:
+        data = storage.read_file(fs, path)
+    except (FileNotFoundError, IsADirectoryError, storage.NotARegularFileError) as exc:
         missing = Report(problems=(Problem(signing.SIGNATURE_FILENAME, "missing"),))
+        what = "no" if isinstance(exc, FileNotFoundError) else "no readable"
+        why = "" if isinstance(exc, FileNotFoundError) else f" ({printable(str(exc))})"
         raise SignatureError(
-            f"no {signing.SIGNATURE_FILENAME}: the checkpoint is not signed", missing, location
+            f"{what} {signing.SIGNATURE_FILENAME}{why}: the checkpoint is not signed", missing, location
         ) from exc
     signed = signing.open_bundle(data, public_key, location=location)
+    if expected_name is not None:
+        signing.check_model_name(signed, expected_name, location=location)
     if manifest is None:
         return signing.to_manifest(signed, location=location)
     lines, problems = signing.differences(manifest, signed)
@@ -114,20 +125,33 @@ def check_signature(
     return manifest
 
 
-def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions) -> tuple[Manifest, str | None]:
-    """The manifest ``options`` name (the root's by default), its signature checked with
-    ``options.key``; and the name of its file when it lies inside the root (never content)."""
-    wanted, in_use = options.manifest, None
+def manifest_in_use(
+    fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions
+) -> tuple[Manifest, str | None, str | None]:
+    """The manifest ``options`` name (the root's by default; a file in any format), its signature
+    checked with ``options.key`` (and ``options.expected_name``); the name of its file when that
+    lies inside the root (never content), and the format of the file read (``None``: none was).
+
+    The one place verify, ``open`` and ``dcp.load`` learn what they check against.
+    """
+    wanted, in_use, kind = options.manifest, None, None
     if wanted is None:
         found = load_manifest(fs, root) if options.key is None else load_manifest_if_any(fs, root)
     elif isinstance(wanted, Manifest):
         found = wanted
     else:
-        found, in_use = read_manifest_file(fs, root, wanted)
+        found, in_use, kind = read_manifest_file(fs, root, wanted, format=options.manifest_format)
+        if kind == "model_signing" and options.key is None:
+            log.warning(
+                "%s is a model_signing bundle: its digests are used, its signature is NOT checked "
+                "(pass public_key= to check the root's %s)",
+                printable(os.fspath(wanted)),
+                signing.SIGNATURE_FILENAME,
+            )
     if options.key is not None:
-        found = check_signature(fs, root, found, options.key)
+        found = check_signature(fs, root, found, options.key, expected_name=options.expected_name)
     assert found is not None
-    return found, in_use
+    return found, in_use, kind
 
 
 def write_sealed(
@@ -168,14 +192,16 @@ def read_manifest_file(
     source: str | os.PathLike[str],
     *,
     format: str = "auto",
-) -> tuple[Manifest, str | None]:
-    """The manifest in the file ``source`` for the checkpoint at ``root`` on ``fs``, and the
-    name relative to ``root`` of that file when it lies inside the root (``None`` otherwise),
-    so that the caller neither hashes it nor counts it as extra.
+) -> tuple[Manifest, str | None, str]:
+    """The manifest in the file ``source`` for the checkpoint at ``root`` on ``fs``; the name
+    relative to ``root`` of that file when it lies inside the root (``None`` otherwise), so that
+    the caller neither hashes it nor counts it as extra; and the format it was read as.
 
-    A relative name resolves inside the root (``"integrity.json"``). A URL is read as is, through
-    ``fs`` when it has ``fs``'s protocol (same store, same options); an absolute path without a
-    protocol is a local path. ``ManifestNotFoundError`` when the file is not there.
+    A bare relative name resolves inside the root (``"integrity.json"``, ``"meta/SUMS"``). A path
+    that starts with ``./`` or ``../`` is relative to the working directory, as a shell means it.
+    A URL is read as is, through ``fs`` when it has ``fs``'s protocol (same store, same options);
+    an absolute path without a protocol is a local path. ``ManifestNotFoundError`` when the file
+    is not there, ``ManifestError`` when it is a directory or a special file (never opened).
     """
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"manifest must be a Manifest, a path or a URL, not {type(source).__name__}")
@@ -183,23 +209,25 @@ def read_manifest_file(
     if not text:
         raise ValueError("manifest path is empty")
     name: str | None
-    if _URL.match(text) or os.path.isabs(text):
+    if _URL.match(text) or os.path.isabs(text) or _EXPLICIT_RELATIVE.match(text):
         same_store = _URL.match(text) is not None and text.split("://", 1)[0] in _protocols(fs)
-        mfs, path = storage.resolve(text, fs=fs) if same_store else storage.resolve(text)
+        if same_store:
+            mfs, path = storage.resolve(text, fs=fs)
+        else:
+            mfs, path = storage.resolve(text if _URL.match(text) else os.path.abspath(text))
         prefix = root.rstrip("/") + "/"
         same_fs = mfs is fs or (storage.is_local(mfs) and storage.is_local(fs))
         name = path[len(prefix) :] if same_fs and path.startswith(prefix) else None
         where = storage.describe(mfs, path)
     else:
         name = text
-        while name.startswith("./"):
-            name = name[2:]
         if name != MANIFEST_FILENAME:
             try:
                 check_name(name)
             except ManifestError as exc:
                 raise ValueError(
-                    f"manifest {text!r} is not a name inside the checkpoint ({exc}); pass an absolute path or a URL"
+                    f"manifest {text!r} is not a name inside the checkpoint ({exc}); pass a path "
+                    "(./NAME, ../NAME or absolute) or a URL"
                 ) from None
         mfs, path = fs, storage.join(root, name)
         where = f"{storage.describe(fs, root)}/{name}"
@@ -211,15 +239,18 @@ def read_manifest_file(
         raise ManifestNotFoundError(f"no manifest file at {where}") from exc
     except IsADirectoryError as exc:
         raise ManifestError(f"{where} is a directory, not a manifest") from exc
+    except storage.NotARegularFileError as exc:  # a FIFO, socket or device: never opened for reading
+        raise ManifestError(f"{exc}: not a manifest") from exc
     try:
-        manifest = formats.load(raw, format)
+        kind = formats.detect(raw, name=path.rsplit("/", 1)[-1]) if format == "auto" else format
+        manifest = formats.load(raw, kind)
     except ManifestError as exc:
         raise ManifestError(f"{where}: {exc}") from exc
     if name is not None and name in manifest.files:
         # `sha256sum * > SUMS` run twice, model_signing's Python API re-signing into the model.
         log.warning("%s lists itself: that entry is left out (no file holds its own digest)", printable(where))
         manifest = _without(manifest, name)
-    return manifest, name
+    return manifest, name, kind
 
 
 def _without(manifest: Manifest, name: str) -> Manifest:
@@ -237,3 +268,5 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
 
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+#: ``./x``, ``../x`` (and ``.\x`` on Windows): a path the user means from the working directory.
+_EXPLICIT_RELATIVE = re.compile(r"\.\.?(?:/|\\)" if os.sep == "\\" else r"\.\.?/")

@@ -88,15 +88,22 @@ class SealOptions:
 class VerifyOptions:
     """What a verification checks: extra files (``strict``), names and sizes only (``quick``),
     store checksums instead of reads (``attested``), against which manifest (``manifest``: a
-    :class:`Manifest`, a path or URL, or ``None`` for the root's own), and the public key
-    (loaded) that must have signed it, if any."""
+    :class:`Manifest`, a path or URL, or ``None`` for the root's own; ``manifest_format``: how to
+    read that file), the public key (loaded) that must have signed it, if any, and the name the
+    signature must give the checkpoint (``expected_name``)."""
 
     strict: bool = False
     quick: bool = False
     attested: Attested = False
     manifest: Manifest | str | os.PathLike[str] | None = None
     key: Any = None
+    expected_name: str | None = None
+    manifest_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.attested not in (True, False, "crc"):
             raise ValueError(f"attested must be True, False or 'crc', not {self.attested!r}")
+        if self.expected_name is not None and self.key is None:
+            raise ValueError("expected_name is the name a signature gives the checkpoint: pass public_key too")
+        if self.expected_name is not None and not isinstance(self.expected_name, str):
+            raise TypeError(f"expected_name must be a string, not {type(self.expected_name).__name__}")

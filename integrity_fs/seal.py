@@ -127,6 +127,7 @@ def plan_seal(
     if not sizes:  # a root that is a file lists nothing on some stores
         storage.check_root(fs, root)
     check_names(fs, root, sizes)
+    storage.check_no_clashes(fs, root, sizes, "seal")
     hashing = options.hashing
     if options.key is not None:
         signing.check_shard_names(hashing.granularity, sizes)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import manifests, signing, storage
-from .errors import IntegrityError
+from . import formats, manifests, signing, storage
+from .errors import IntegrityError, SignatureError
 from .hashing import Unit, chunk_range, file_digest, plan_units
 from .manifest import Manifest
 from .options import Attested, VerifyOptions, Work
@@ -60,6 +60,8 @@ def verify(
     manifest: Manifest | URL | None = None,
     attested: Attested = False,
     public_key: signing.PublicKey | None = None,
+    expected_name: str | None = None,
+    manifest_format: str = "auto",
 ) -> Report:
     """Check the checkpoint at ``url`` against its manifest; raise on any problem.
 
@@ -70,13 +72,24 @@ def verify(
     from the manifest problems too, and so does a manifest that lists no files (it verifies only a
     directory with no files). ``manifest``: a :class:`Manifest`, or the path or URL of a manifest
     file in any format :mod:`formats` reads (a relative name is inside the root); by default the
-    root's ``_integrity_manifest.json``. ``attested`` confirms files whose store-kept checksum
+    root's ``_integrity_manifest.json``; ``manifest_format`` says how to read that file (one of
+    ``formats.FORMATS``; by default detected). ``attested`` confirms files whose store-kept checksum
     equals the manifest's digest without reading them (the rest are hashed as usual). With
-    ``public_key``, ``model.sig`` must verify and cover exactly the manifest's digests
-    (``SignatureError``) before content is checked; without a manifest, the signed digests are
-    the manifest. Caching layers in ``url`` are looked beneath: the store is verified, never a cache.
+    ``public_key``, ``model.sig`` must verify and cover exactly the manifest's digests, and every
+    file there (``SignatureError``, ``strict`` or not), before content is checked; without a
+    manifest, the signed digests are the manifest. ``expected_name`` (with ``public_key``): the
+    name the signature must give the checkpoint, so that one copied from another checkpoint is a
+    ``SignatureError``. Caching layers in ``url`` are looked beneath: the store is verified, never a cache.
     """
-    options = verify_options(strict=strict, quick=quick, attested=attested, manifest=manifest, public_key=public_key)
+    options = verify_options(
+        strict=strict,
+        quick=quick,
+        attested=attested,
+        manifest=manifest,
+        public_key=public_key,
+        expected_name=expected_name,
+        manifest_format=manifest_format,
+    )
     work = Work(max_workers, callback)
     fs_, root = storage.resolve(url, storage_options, fs)
     started = time.perf_counter()
@@ -88,6 +101,8 @@ def verify(
     digests = hash_units(fs_, root, prepared.manifest.algorithm, plan.units, versions=versions, work=work)
     report = finish_verification(prepared.manifest, plan, digests)
     if not report.ok:
+        if prepared.manifest_format == "sha256sum" and options.manifest_format == "auto":
+            warn_if_b3sum(report, options.manifest)
         raise IntegrityError(report, prepared.location)
     log_done("verified", prepared.location, report.files_checked, report.bytes_checked, started)
     return report
@@ -100,10 +115,35 @@ def verify_options(
     attested: Attested = False,
     manifest: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
+    expected_name: str | None = None,
+    manifest_format: str = "auto",
 ) -> VerifyOptions:
     """The checked options of a verification; the public key is loaded here, before anything is read."""
     key = None if public_key is None else signing.load_public_key(public_key)
-    return VerifyOptions(strict=strict, quick=quick, attested=attested, manifest=manifest, key=key)
+    if manifest_format != "auto" and manifest_format not in formats.FORMATS:
+        raise ValueError(f"unknown manifest format {manifest_format!r} (known: auto, {', '.join(formats.FORMATS)})")
+    return VerifyOptions(
+        strict=strict,
+        quick=quick,
+        attested=attested,
+        manifest=manifest,
+        key=key,
+        expected_name=expected_name,
+        manifest_format=manifest_format,
+    )
+
+
+def warn_if_b3sum(report: Report, source: object) -> None:
+    """A WARNING when every file checked against a list read as ``sha256sum`` output differs:
+    ``b3sum`` writes lists of the same shape, so that is more likely a BLAKE3 list than a
+    checkpoint damaged throughout."""
+    every = bool(report.files_checked) and len(report.problems) == report.files_checked
+    if every and all(p.kind == "mismatch" for p in report.problems):
+        log.warning(
+            "every file differs from %s, read as sha256sum output: if b3sum wrote it (the same layout, "
+            "BLAKE3 digests), verify with manifest_format='b3sum' (CLI --manifest-format b3sum)",
+            printable(str(source)),
+        )
 
 
 @dataclass(frozen=True)
@@ -114,6 +154,7 @@ class Prepared:
     manifest: Manifest
     plan: VerificationPlan
     location: str
+    manifest_format: str | None = None  # the format of the manifest file read, if one was
 
 
 def prepare(
@@ -130,9 +171,9 @@ def prepare(
 
     The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
     """
-    manifest, listing = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions)
+    manifest, listing, kind = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions)
     plan = plan_verification(manifest, listing, strict=options.strict, quick=options.quick)
-    return Prepared(manifest, plan, storage.describe(fs, root))
+    return Prepared(manifest, plan, storage.describe(fs, root), kind)
 
 
 def manifest_and_listing(
@@ -142,13 +183,38 @@ def manifest_and_listing(
     *,
     sizes: dict[str, int] | None = None,
     versions: dict[str, storage.Version] | None = None,
-) -> tuple[Manifest, dict[str, int]]:
-    """The manifest to verify against and the listing to check it with (see :func:`prepare`)."""
-    found, in_use = manifests.manifest_in_use(fs, root, options)
-    listing = dict(sizes) if sizes is not None else storage.list_files(fs, root, versions=versions)
+) -> tuple[Manifest, dict[str, int], str | None]:
+    """The manifest to verify against, the listing to check it with (see :func:`prepare`), and
+    the format of the manifest file read (``None``: none was).
+
+    The listing holds every file a verification must account for: temporary files left at the
+    root by an interrupted write of ours are files here (extra, unless the manifest lists them),
+    so ``strict`` and a signature see them. With a key, a file the signature does not cover is a
+    ``SignatureError``, ``strict`` or not (model_signing's verifier refuses such files too).
+    """
+    found, in_use, kind = manifests.manifest_in_use(fs, root, options)
+    listing = dict(sizes) if sizes is not None else storage.list_files(fs, root, versions=versions, leftovers=True)
     if in_use is not None:
         listing.pop(in_use, None)
-    return found, listing
+    if options.key is not None:
+        check_covered(found, listing, storage.describe(fs, root))
+    return found, listing, kind
+
+
+def check_covered(signed: Manifest, listing: Mapping[str, int], location: str) -> None:
+    """``SignatureError`` naming the files of ``listing`` that ``signed`` (the digests a verified
+    signature covers) does not list."""
+    uncovered = [name for name in listing if name not in signed.files]
+    if not uncovered:
+        return
+    shown = ", ".join(printable(n) for n in uncovered[:10]) + (
+        f" and {len(uncovered) - 10} more" if len(uncovered) > 10 else ""
+    )
+    why = ""
+    if signed.granularity == "chunk" and any(listing[name] == 0 for name in uncovered):
+        why = " (model_signing's shard serialization signs no empty file; sign with integrity_fs, or by files)"
+    report = Report(problems=tuple(Problem(name, "extra", actual=listing[name]) for name in uncovered))
+    raise SignatureError(f"files the signature does not cover: {shown}{why}", report, location)
 
 
 def log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:

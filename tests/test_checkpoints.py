@@ -20,7 +20,7 @@ from conftest import Backend, _make_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, checkpoints
+from integrity_fs import MANIFEST_FILENAME, checkpoints, distributed
 
 MIXED = ["step_1000", "step_999", "global_step1000", "checkpoint-1000", "iter_0001000", "latest", "step_5", "step_10"]
 NEWEST_FIRST = [
@@ -598,3 +598,65 @@ def test_latest_verified_with_a_public_key_skips_a_resealed_tampering(
     assert found is not None and found[0] == str(tmp_path / "step_1")
     [warning] = _warnings(caplog)
     assert "step_2 (bad signature)" in warning and "model.bin" in warning
+
+
+def test_a_signed_checkpoint_copied_to_a_newer_name_is_skipped(
+    store: Backend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replay: step_1000 (signed) copied whole to step_9000 verifies byte for byte, and its
+    signature with it; but the signed statement names step_1000, so with a key the newest that
+    verifies is step_1000 itself. status with a key says why step_9000 is not good."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "key.pub"
+    public.write_bytes(
+        private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    opts = store.storage_options
+    _checkpoint(store, "step_1000", seal=False)
+    ifs.seal(_url(store, "step_1000"), storage_options=opts, private_key=private)
+    for name in ("model.bin", "sub/optim.bin", MANIFEST_FILENAME, ifs.SIGNATURE_FILENAME):
+        store.write(f"step_9000/{name}", store.read(f"step_1000/{name}"))
+    replayed = _url(store, "step_9000")
+    assert ifs.latest_verified(store.url, storage_options=opts)[0] == replayed  # type: ignore[index]
+    caplog.clear()
+    for found in (
+        ifs.latest_verified(store.url, storage_options=opts, public_key=public),
+        distributed.latest_verified(store.url, storage_options=opts, public_key=public),
+    ):
+        assert found is not None and found[0] == _url(store, "step_1000")
+    assert any("step_9000 (bad signature)" in m and "signed as 'step_1000'" in m for m in _warnings(caplog))
+    assert ifs.verify(replayed, storage_options=opts, public_key=public).ok  # the check is asked for
+    with pytest.raises(ifs.SignatureError, match="signed as 'step_1000', not 'step_9000'"):
+        ifs.verify(replayed, storage_options=opts, public_key=public, expected_name="step_9000")
+    with pytest.raises(ValueError, match="public_key"):
+        ifs.verify(replayed, storage_options=opts, expected_name="step_9000")
+
+    rows = {r.name: r for r in checkpoints.status(store.url, storage_options=opts, public_key=public)}
+    assert rows["step_1000"].verdict == "ok"
+    assert rows["step_9000"].verdict == "damaged" and "signed as 'step_1000'" in rows["step_9000"].detail
+    assert [r.verdict for r in checkpoints.status(store.url, storage_options=opts)] == ["ok", "ok"]
+    out = _cli(["status", store.url, "--public-key", str(public), "--json", *_cli_options(opts)])
+    assert [(r["name"], r["verdict"]) for r in json.loads(out)] == [("step_9000", "damaged"), ("step_1000", "ok")]
+
+
+def _cli_options(options: dict[str, Any]) -> list[str]:
+    endpoint = options.get("client_kwargs", {}).get("endpoint_url")
+    flat = {k: v for k, v in options.items() if k != "client_kwargs"}
+    args = [f"-o{k}={json.dumps(v)}" for k, v in flat.items()]
+    return args + ([f"-oclient_kwargs.endpoint_url={endpoint}"] if endpoint else [])
+
+
+def _cli(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    from integrity_fs.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    assert code == 0, out.getvalue()
+    return out.getvalue()

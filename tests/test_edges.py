@@ -107,7 +107,8 @@ def test_a_temporary_manifest_left_by_a_killed_seal_is_not_content(tmp_path: Pat
     manifest = integrity_fs.seal(tmp_path)
     assert sorted(manifest.files) == ["sub/._integrity_manifest.json.k3_x9q0z.tmp", "w.bin"]
     assert "interrupted" in caplog.text
-    assert integrity_fs.verify(tmp_path, strict=True).ok
+    report = integrity_fs.verify(tmp_path)  # there, and not content: extra, and named
+    assert report.ok and report.extra == ("._integrity_manifest.json.k3_x9q0z.tmp", ".model.sig.a1b2c3d4.tmp")
     for leftover in leftovers:
         leftover.unlink()
     assert integrity_fs.verify(tmp_path, strict=True).ok
@@ -243,3 +244,29 @@ def test_the_readme_loop_resaves_a_skipped_checkpoint_without_dcps_overwrite_war
     assert "skipping" in again.stderr and "(damaged)" in again.stderr
     assert "overwriting" not in again.stderr, again.stderr
     assert integrity_fs.verify(tmp_path / "checkpoints" / "run" / "step_4").ok
+
+
+def test_a_file_named_like_a_leftover_never_passes_strict(tmp_path: Path) -> None:
+    """Only what our interrupted writes leave (empty, or the start of the JSON we write) is left
+    out of a seal; any other file of that name is content. And whatever such a file holds, it is
+    never passed over by `strict=True` or a signature: it is there, and not in the manifest."""
+    (tmp_path / "w.bin").write_bytes(b"weights")
+    payload = tmp_path / "._integrity_manifest.json.abcd1234.tmp"
+    payload.write_bytes(b"\x80\x04import os; os.system('...')")  # not what we write: content
+    leftover = tmp_path / ".model.sig.a1b2c3d4.tmp"
+    leftover.write_bytes(b'{"mediaType":"appl')  # what a killed sign leaves
+    manifest = integrity_fs.seal(tmp_path)
+    assert sorted(manifest.files) == [payload.name, "w.bin"]
+    payload.write_bytes(b"changed")
+    with pytest.raises(integrity_fs.IntegrityError, match="abcd1234"):
+        integrity_fs.verify(tmp_path)
+    payload.unlink()
+    (tmp_path / integrity_fs.MANIFEST_FILENAME).unlink()
+    integrity_fs.seal(tmp_path)
+    payload.write_bytes(b'{"evil": "anything at all, under a name we would skip"}')
+    with pytest.raises(integrity_fs.IntegrityError) as err:
+        integrity_fs.verify(tmp_path, strict=True)
+    assert sorted((p.path, p.kind) for p in err.value.report.problems) == [
+        (payload.name, "extra"),
+        (leftover.name, "extra"),
+    ]

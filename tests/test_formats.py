@@ -321,7 +321,7 @@ def test_dump_round_trips_and_sha256sum_checks_it(tmp_path: Path) -> None:
         formats.dump(manifest, "model_signing")
 
 
-def test_verify_manifest_argument(tmp_path: Path) -> None:
+def test_verify_manifest_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _tree(tmp_path / "ckpt")
     manifest = ifs.seal(root)
     (root / MANIFEST_FILENAME).unlink()
@@ -331,7 +331,6 @@ def test_verify_manifest_argument(tmp_path: Path) -> None:
     assert ifs.verify(root, manifest=outside, strict=True).ok
     (root / "SUMS").write_bytes(outside.read_bytes())
     assert ifs.verify(root, manifest=root / "SUMS", strict=True).extra == ()  # absolute, inside the root
-    assert ifs.verify(root, manifest="./SUMS", strict=True).extra == ()
     assert ifs.verify(root, manifest=outside, strict=False).extra == ("SUMS",)  # not the one in use
     with pytest.raises(ManifestNotFoundError, match="nope.json"):
         ifs.verify(root, manifest="nope.json")
@@ -339,7 +338,7 @@ def test_verify_manifest_argument(tmp_path: Path) -> None:
         ifs.verify(tmp_path / "missing", manifest="SUMS")
     assert not isinstance(info.value, ManifestNotFoundError)
     with pytest.raises(ValueError, match="not a name inside"):
-        ifs.verify(root, manifest="../elsewhere.sha256")
+        ifs.verify(root, manifest="sub/../../elsewhere.sha256")
     (root / "bad.json").write_text("{nope")
     with pytest.raises(ManifestError, match="bad.json"):
         ifs.verify(root, manifest="bad.json")
@@ -411,3 +410,147 @@ def test_dcp_load_with_a_manifest_file(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError, match=data_file):
         dcp.load(target, url, manifest="SHA256SUMS")
     assert not target["w"].any()  # untouched
+
+
+# --- b3sum, sha256sum --zero, the seed's key set ------------------------------------------------
+
+
+def _b3sum(root: Path, *names: str) -> bytes:
+    shutil.which("b3sum") or pytest.skip("b3sum is not installed (apt-get install b3sum)")
+    return subprocess.run(["b3sum", "--", *(names or NAMES)], cwd=root, check=True, capture_output=True).stdout
+
+
+def test_b3sum_output_is_read_by_format_by_name_and_with_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: Any
+) -> None:
+    """b3sum lists look exactly like sha256sum's (64 hex digits, two spaces, a name): read as
+    sha256sum, every file of an intact checkpoint "mismatches". b3sum is read by format name, by
+    file name (B3SUMS, *.b3), and a list detected as sha256sum that every file differs from says so."""
+    pytest.importorskip("blake3")
+    from integrity_fs.cli import main
+
+    root = _tree(tmp_path / "ckpt")
+    odd = "new\nline.bin"  # b3sum escapes it as GNU does
+    (root / odd).write_bytes(b"odd")
+    sums = _b3sum(root, *NAMES, odd)
+    manifest = formats.load(sums, "b3sum")
+    assert manifest.algorithm == "blake3" and set(manifest.files) == {*NAMES, odd}
+    assert formats.detect(sums) == "sha256sum" and formats.detect(sums, name="B3SUMS") == "b3sum"
+    for name in ("B3SUMS", "weights.b3"):
+        (root / name).write_bytes(sums)
+        assert ifs.verify(root, manifest=name).files_checked == len(NAMES) + 1
+    (root / "CHECKSUMS").write_bytes(sums)
+    assert ifs.verify(root, manifest="CHECKSUMS", manifest_format="b3sum").ok
+    assert main(["verify", str(root), "--manifest", "CHECKSUMS", "--manifest-format", "b3sum"]) == 0
+    with pytest.raises(IntegrityError):
+        ifs.verify(root, manifest="CHECKSUMS")
+    assert "b3sum" in caplog.text and "manifest_format='b3sum'" in caplog.text
+    capsys.readouterr()
+    assert main(["verify", str(root), "--manifest", "CHECKSUMS"]) == 1
+    assert "--manifest-format b3sum" in capsys.readouterr().err.splitlines()[-1]  # the hint line
+    _flip(root / "a.bin")
+    _must_fail(root, "a.bin", manifest="B3SUMS")
+
+
+def test_export_b3sum_and_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("blake3")
+    from integrity_fs.cli import main
+
+    root = _tree(tmp_path / "b3")
+    (root / "new\nline.bin").write_bytes(b"odd")
+    ifs.seal(root, algorithm="blake3")
+    assert main(["export", str(root), "--format", "b3sum"]) == 0
+    (tmp_path / "B3SUMS").write_text(capsys.readouterr().out)
+    shutil.which("b3sum") or pytest.skip("b3sum is not installed")
+    checked = subprocess.run(["b3sum", "-c", str(tmp_path / "B3SUMS")], cwd=root, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.count(b": OK") == len(NAMES) + 1
+    with pytest.raises(ValueError, match="BLAKE3"):
+        formats.dump(ifs.seal(_tree(tmp_path / "sha"), overwrite=True), "b3sum")
+
+
+def test_export_seed_writes_the_seeds_four_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Default manifests carry `sizes`; a seed-era verifier that checks the key set refuses them."""
+    from integrity_fs.cli import main
+
+    root = _tree(tmp_path / "ckpt")
+    manifest = ifs.seal(root)
+    assert "sizes" in json.loads((root / MANIFEST_FILENAME).read_bytes())
+    assert main(["export", str(root), "--format", "seed"]) == 0
+    data = capsys.readouterr().out.encode()
+    seed = json.loads(data)
+    assert set(seed) == {"version", "granularity", "algorithm", "files"}  # what the seed's reader checks
+    assert seed == {"version": 1, "granularity": "file", "algorithm": "sha256", "files": dict(manifest.files)}
+    assert data == Manifest(files=manifest.files).to_json()  # canonical, as the seed writes it
+    (root / MANIFEST_FILENAME).write_bytes(data)
+    assert ifs.verify(root, strict=True).files_checked == len(NAMES)
+    chunked = ifs.seal(_tree(tmp_path / "c"), granularity="chunk", chunk_size=SHARD)
+    with pytest.raises(ValueError, match="whole-file SHA-256"):
+        formats.dump(chunked, "seed")
+
+
+def test_sha256sum_zero_output(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ckpt")
+    odd = "new\nline.bin"  # --zero never escapes
+    (root / odd).write_bytes(b"odd")
+    for args in (("--zero",), ("--zero", "--tag")):
+        sums = _sha256sum(root, *args, names=[*NAMES, odd])
+        assert b"\0" in sums and not sums.startswith(b"\\")
+        assert formats.detect(sums) == "sha256sum"
+        assert dict(formats.load(sums).files) == {n: _sha256(root / n) for n in [*NAMES, odd]}
+        (root / "SHA256SUMS").write_bytes(sums)
+        assert ifs.verify(root, manifest="SHA256SUMS", strict=True).files_checked == len(NAMES) + 1
+
+
+# --- which file --manifest names, and what verifying against it checked ----------------------------
+
+
+def test_explicit_relative_manifest_paths_are_local_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify --manifest ./SHA256SUMS` means the file in the working directory, as in any shell
+    command; a bare name stays inside the checkpoint."""
+    from integrity_fs.cli import main
+
+    root = _tree(tmp_path / "ckpt")
+    work = tmp_path / "work" / "dir"
+    work.mkdir(parents=True)
+    sums = _sha256sum(root)
+    (work / "SHA256SUMS").write_bytes(sums)
+    (work.parent / "SHA256SUMS").write_bytes(sums)
+    monkeypatch.chdir(work)
+    for manifest in ("./SHA256SUMS", "../SHA256SUMS"):
+        assert main(["verify", str(root), "--manifest", manifest, "--strict"]) == 0
+        assert ifs.verify(root, manifest=manifest, strict=True).files_checked == len(NAMES)
+    with pytest.raises(ManifestNotFoundError, match="ckpt/SHA256SUMS"):
+        ifs.verify(root, manifest="SHA256SUMS")  # a bare name: inside the root, where there is none
+    (root / "SHA256SUMS").write_bytes(sums)
+    monkeypatch.chdir(root)
+    assert ifs.verify(root, manifest="./SHA256SUMS", strict=True).extra == ()  # the file in use, in the root
+    capsys.readouterr()
+
+
+def test_verify_against_a_bundle_says_its_signature_was_not_checked(
+    tmp_path: Path, ec_key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    from integrity_fs.cli import main
+
+    root = _tree(tmp_path / "model")
+    _model_sign(root, ec_key, root / "model.sig")
+    assert main(["verify", str(root), "--manifest", "model.sig"]) == 0
+    out, err = capsys.readouterr()
+    assert "against model.sig" in out and "signature was NOT checked" in out
+    assert "signature is NOT checked" in err  # the WARNING, for Python callers too
+    private = serialization.load_pem_private_key(ec_key.read_bytes(), None)
+    public = tmp_path / "key.pub"
+    public.write_bytes(
+        private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    assert main(["verify", str(root), "--manifest", "model.sig", "--public-key", str(public)]) == 0
+    out, err = capsys.readouterr()
+    assert "signature checked with" in out and "NOT checked" not in out + err
+    (root / "SHA256SUMS").write_bytes(_sha256sum(root))
+    assert main(["verify", str(root), "--manifest", "SHA256SUMS"]) == 0
+    assert "NOT checked" not in capsys.readouterr().out

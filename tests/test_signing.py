@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -186,17 +187,24 @@ def test_model_signing_verifies_a_chunk_granularity_signature(ckpt: Path, key: K
 
 @pytest.mark.parametrize("shard_size", [None, CHUNK], ids=["files", "shards"])
 def test_integrity_fs_verifies_what_model_signing_signed(ckpt: Path, key: Keys, shard_size: int | None) -> None:
+    if shard_size is not None:
+        # model_signing's shards give an empty file no shard: it is not covered, and refused.
+        _ms_sign(ckpt, key.private, shard_size)
+        with pytest.raises(SignatureError, match="does not cover: empty.bin") as caught:
+            ifs.verify(ckpt, public_key=key.public)
+        assert [(p.path, p.kind) for p in caught.value.report.problems] == [("empty.bin", "extra")]
+        (ckpt / "empty.bin").unlink()
     _ms_sign(ckpt, key.private, shard_size)
     # No manifest: the signed digests are the manifest.
     report = ifs.verify(ckpt, public_key=key.public)
-    signed_files = len(FILES) if shard_size is None else len(FILES) - 1  # shards leave the empty file out
+    signed_files = len(FILES) if shard_size is None else len(FILES) - 1
     assert report.files_checked == signed_files
     with pytest.raises(ManifestNotFoundError):
         ifs.verify(ckpt)  # without a key, the signature is ignored
     # Sealed as well: the manifest must agree with the signature.
     granularity = {"granularity": "chunk", "chunk_size": shard_size} if shard_size else {}
     ifs.seal(ckpt, **granularity)
-    assert ifs.verify(ckpt, public_key=key.public, strict=True).files_checked == len(FILES)
+    assert ifs.verify(ckpt, public_key=key.public, strict=True).files_checked == signed_files
     _flip(ckpt / "a.bin", 100)
     with pytest.raises(IntegrityError) as caught:
         ifs.verify(ckpt, public_key=key.public)
@@ -208,6 +216,8 @@ def test_integrity_fs_verifies_what_model_signing_signed(ckpt: Path, key: Keys, 
 def test_integrity_fs_verifies_a_model_signing_signature_on_s3(
     ckpt: Path, key: Keys, s3_backend: Any, shard_size: int | None
 ) -> None:
+    if shard_size is not None:
+        (ckpt / "empty.bin").unlink()  # model_signing's shards would leave it uncovered
     _ms_sign(ckpt, key.private, shard_size)
     s3_backend.fs.put(f"{ckpt}/", s3_backend.root, recursive=True)
     s3_backend.fs.invalidate_cache()
@@ -489,13 +499,16 @@ def test_every_rank_raises_the_same_signature_error(ckpt: Path, key: Keys, tmp_p
              "kwargs": {"public_key": str(key.public)}},
             {"id": f"unsigned/{mode}", "op": "verify", "mode": mode, "url": str(ckpt),
              "kwargs": {"public_key": str(key.public)}},
+            {"id": f"replayed/{mode}", "op": "verify", "mode": mode, "url": str(tmp_path / f"seal-{mode}"),
+             "kwargs": {"public_key": str(key.public), "expected_name": "step_9000"}},
         ]  # fmt: skip
     results = run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tmp_path / "run")
     for mode in ("sharded", "rank0"):
         assert [r["type"] for r in results[f"seal/{mode}"]] == ["Manifest", "Manifest"]
         _ms_verify(tmp_path / f"seal-{mode}", key.public, shard_size=CHUNK)
         assert [r["type"] for r in results[f"verify/{mode}"]] == ["Report", "Report"]
-        for name, needle in (("tampered", "a.bin: signed digest differs"), ("unsigned", "not signed")):
+        replayed = ("replayed", f"signed as 'seal-{mode}', not 'step_9000'")
+        for name, needle in (("tampered", "a.bin: signed digest differs"), ("unsigned", "not signed"), replayed):
             outcomes = results[f"{name}/{mode}"]
             assert [o["type"] for o in outcomes] == ["SignatureError", "SignatureError"], outcomes
             assert outcomes[0]["message"] == outcomes[1]["message"] and needle in outcomes[0]["message"]
@@ -579,3 +592,120 @@ def test_a_name_chunk_signatures_cannot_hold_is_refused_before_anything_is_read(
     assert not (tmp_path / "dst").exists()
     ifs.seal(root, private_key=key.private)  # file granularity signs any name
     ifs.verify(root, public_key=key.public)
+
+
+# --- every file covered, in both granularities ----------------------------------------------------
+
+
+def test_chunk_signatures_cover_empty_files(ckpt: Path, key: Keys) -> None:
+    """model_signing's shards give an empty file no shard, so a signature of shards alone would
+    let an empty file be deleted, or one added (``trust_remote_code``), with the manifest rewritten
+    to match. The statement names the empty files in a field model_signing ignores: its verifier
+    still accepts the signature, and ours covers every file."""
+    manifest = ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK, private_key=key.private)
+    assert manifest.sizes is not None and manifest.sizes["empty.bin"] == 0
+    assert _statement(ckpt)["predicate"]["integrity_fs"] == {"empty_files": ["empty.bin"]}
+    _ms_verify(ckpt, key.public, shard_size=CHUNK)
+    _ms_verify(ckpt, key.public)
+    assert ifs.verify(ckpt, public_key=key.public, strict=True).files_checked == len(FILES)
+    signature = (ckpt / SIGNATURE_FILENAME).read_bytes()
+
+    (ckpt / "empty.bin").unlink()  # a signed empty file deleted, the manifest rewritten to match
+    _reseal_without_key(ckpt, granularity="chunk", chunk_size=CHUNK)
+    with pytest.raises(SignatureError, match="empty.bin: signed but not in the manifest") as caught:
+        ifs.verify(ckpt, public_key=key.public, strict=True)
+    assert [(p.path, p.kind) for p in caught.value.report.problems] == [("empty.bin", "extra")]
+    (ckpt / MANIFEST_FILENAME).unlink()  # no manifest: the signed digests name it, and it is missing
+    with pytest.raises(IntegrityError) as missing:
+        ifs.verify(ckpt, public_key=key.public)
+    assert [(p.path, p.kind) for p in missing.value.report.problems] == [("empty.bin", "missing")]
+
+    (ckpt / "empty.bin").write_bytes(b"")
+    (ckpt / "trust_remote_code").write_bytes(b"")  # an empty file added, with its manifest entry
+    ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK)
+    assert (ckpt / SIGNATURE_FILENAME).read_bytes() == signature
+    with pytest.raises(SignatureError, match="trust_remote_code: in the manifest but not signed"):
+        ifs.verify(ckpt, public_key=key.public, strict=True)
+
+
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_files_the_signature_does_not_cover_are_refused_without_strict(ckpt: Path, key: Keys, granularity: str) -> None:
+    """model_signing's verifier refuses files its signature does not list; so does ours, strict or not."""
+    shard_size = CHUNK if granularity == "chunk" else None
+    ifs.seal(ckpt, granularity=granularity, chunk_size=shard_size, private_key=key.private)
+    (ckpt / "sub" / "modeling_evil.py").write_bytes(b"import os")
+    (ckpt / "trust_remote_code").write_bytes(b"")
+    assert ifs.verify(ckpt).extra == ("sub/modeling_evil.py", "trust_remote_code")  # no key: allowed, listed
+    for quick in (False, True):
+        with pytest.raises(SignatureError, match="does not cover: sub/modeling_evil.py, trust_remote_code") as caught:
+            ifs.verify(ckpt, public_key=key.public, quick=quick)
+        assert {(p.path, p.kind) for p in caught.value.report.problems} == {
+            ("sub/modeling_evil.py", "extra"),
+            ("trust_remote_code", "extra"),
+        }
+    with pytest.raises(ValueError, match="modeling_evil.py"):  # and the peer agrees
+        _ms_verify(ckpt, key.public, shard_size)
+
+
+# --- what model_signing accepts, and what we declare ----------------------------------------------
+
+
+def _compat_bundle(statement: bytes, key: Keys) -> bytes:
+    """A bundle signed as model_signing signed before 1.0 (its ``pae_compat`` encoding)."""
+    from model_signing._signing import sign_sigstore_pb
+
+    signature = key.private_key.sign(sign_sigstore_pb.pae_compat(statement), ec.ECDSA(hashes.SHA256()))
+    bundle = json.loads(ifs_signing.sign(ifs.Manifest(files={}), key.private_key, "x"))
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(statement).decode()
+    bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
+    return json.dumps(bundle).encode()
+
+
+@pytest.mark.parametrize("predicate", ["v1.0", "v0.1"])
+def test_pre_1_0_signatures_that_model_signing_accepts_are_accepted(
+    ckpt: Path, key: Keys, tmp_path: Path, predicate: str
+) -> None:
+    """model_signing 1.1.1 verifies signatures made over its pre-1.0 encoding (``pae_compat``),
+    and statements of its pre-1.0 predicate (``Digests/v0.1``: one subject per file)."""
+    if predicate == "v1.0":
+        statement = _ms_payload(ckpt, None)
+    else:
+        subjects = [{"name": n, "digest": {"sha256": hashlib.sha256(d).hexdigest()}} for n, d in FILES.items()]
+        statement = {"_type": "https://in-toto.io/Statement/v1", "subject": subjects}
+        statement.update(predicateType="https://model_signing/Digests/v0.1", predicate={})
+    bundle = _compat_bundle(json.dumps(statement).encode(), key)
+    outside = tmp_path / "compat.sig"  # model_signing's own check, with the bundle beside the model
+    outside.write_bytes(bundle)
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=key.public).verify(ckpt, outside)
+    (ckpt / SIGNATURE_FILENAME).write_bytes(bundle)
+    assert ifs.verify(ckpt, public_key=key.public, strict=True).files_checked == len(FILES)
+    _flip(ckpt / "a.bin", 7)
+    with pytest.raises(IntegrityError, match="a.bin"):
+        ifs.verify(ckpt, public_key=key.public)
+    if predicate == "v0.1":  # names no checkpoint: refused where the name is checked
+        with pytest.raises(SignatureError, match="does not name the checkpoint"):
+            ifs.verify(ckpt, public_key=key.public, expected_name="step_100")
+
+
+def test_in_root_symlinks_are_declared_and_model_signing_verifies_them(ckpt: Path, key: Keys) -> None:
+    """seal hashes a symlink inside the root as its target's bytes; the statement says so
+    (``allow_symlinks: true``). model_signing 1.1.1's verifier takes its own flag for it, not the
+    statement's (``--allow_symlinks``; ``set_allow_symlinks(True)``), and then accepts the signature."""
+    (ckpt / "link.bin").symlink_to("sub/b.bin")
+    manifest = ifs.seal(ckpt, private_key=key.private)
+    assert "link.bin" in manifest.files
+    assert _statement(ckpt)["predicate"]["serialization"]["allow_symlinks"] is True
+    hashing = model_signing.hashing.Config().set_allow_symlinks(True)
+    config = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=key.public)
+    config.set_hashing_config(hashing).verify(ckpt, ckpt / SIGNATURE_FILENAME)
+    assert ifs.verify(ckpt, public_key=key.public, strict=True).ok
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_named_model_sig_is_a_signature_error_and_nothing_blocks(ckpt: Path, key: Keys) -> None:
+    ifs.seal(ckpt)
+    os.mkfifo(ckpt / SIGNATURE_FILENAME)
+    with pytest.raises(SignatureError, match="FIFO") as caught:
+        ifs.verify(ckpt, public_key=key.public)
+    assert [(p.path, p.kind) for p in caught.value.report.problems] == [(SIGNATURE_FILENAME, "missing")]
+    assert ifs.verify(ckpt).ok  # without a key, model.sig is not looked at

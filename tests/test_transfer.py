@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -334,7 +335,8 @@ def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_ref
     """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force")."""
     s3_backend.write("a", b"an object, the larger: written first")
     s3_backend.write("a/b", b"one under its name")  # intact on S3, impossible on a local disk
-    ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
+    files = {name: hashlib.sha256(s3_backend.read(name)).hexdigest() for name in ("a", "a/b")}
+    s3_backend.write(MANIFEST_FILENAME, ifs.Manifest(files=files).to_json())  # seal refuses such a tree
     with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
         ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, max_workers=1)
     assert sorted(os.listdir(tmp_path)) == ["src"]

@@ -561,3 +561,135 @@ def test_dirfilesystem_reads_through_to_its_filesystem(inner, tmp_path, request)
     with pytest.raises(IntegrityError) as err:
         ifs.verify("ck", fs=dirfs)
     assert list(_problems(err)) == ["sub/b.bin"]
+
+
+# 18. Special files stay special through any wrapper over a local filesystem.
+
+
+@pytest.fixture(scope="module")
+def ec_key() -> Any:
+    ec = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ec")
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+@pytest.mark.timeout(30)
+def test_fifos_in_place_of_a_manifest_or_signature_through_a_dirfilesystem(tmp_path, ec_key):
+    """A FIFO where the manifest, the signature or a --manifest file should be, reached through
+    ``DirFileSystem`` over a local directory: never opened (nothing blocks), and the error of what
+    it stands for: an unreadable manifest (``ManifestError``), a missing signature
+    (``SignatureError``). ``latest_verified`` skips such checkpoints for the older good one."""
+    run = tmp_path / "run"
+    for name in ("step_1", "step_2", "step_3"):
+        (run / name).mkdir(parents=True)
+        (run / name / "w.bin").write_bytes(name.encode())
+    ifs.seal(run / "step_1", private_key=ec_key)
+    os.mkfifo(run / "step_2" / MANIFEST_FILENAME)
+    ifs.seal(run / "step_3")
+    os.mkfifo(run / "step_3" / ifs.SIGNATURE_FILENAME)
+    os.mkfifo(run / "step_1" / "SUMS")
+    dirfs = DirFileSystem(path=str(tmp_path), fs=LocalFileSystem())
+
+    for call in (lambda: ifs.verify("run/step_2", fs=dirfs), lambda: ifs.read_manifest("run/step_2", fs=dirfs)):
+        with pytest.raises(ifs.ManifestError, match="FIFO"):
+            call()
+    with pytest.raises(ifs.SignatureError, match="FIFO"):
+        ifs.verify("run/step_3", fs=dirfs, public_key=ec_key.public_key())
+    for manifest in ("SUMS", str(run / "step_1" / "SUMS")):
+        with pytest.raises(ifs.ManifestError, match="FIFO"):
+            ifs.verify("run/step_1", fs=dirfs, manifest=manifest)
+    assert ifs.latest_verified("run", fs=dirfs)[0] == str(run / "step_3")  # type: ignore[index]
+    found = ifs.latest_verified("run", fs=dirfs, public_key=ec_key.public_key())
+    assert found is not None and found[0] == str(run / "step_1")
+
+
+def _after_listing(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
+    """Run ``change`` right after every listing of content (another process at work meanwhile)."""
+    real = ifs.storage.list_files
+
+    def listing(*args: Any, **kwargs: Any) -> dict[str, int]:
+        found = real(*args, **kwargs)
+        change()
+        return found
+
+    monkeypatch.setattr(ifs.storage, "list_files", listing)
+
+
+def test_a_file_replaced_by_a_directory_after_the_listing_is_missing(tmp_path, monkeypatch, caplog):
+    """Not a storage error: a file that is a directory now is not there, as a vanished one."""
+    for name in ("step_1", "step_2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "w.bin").write_bytes(os.urandom(1000))
+        ifs.seal(tmp_path / name)
+    target = tmp_path / "step_2" / "w.bin"
+
+    def swap() -> None:
+        if target.is_file():
+            target.unlink()
+            target.mkdir()
+
+    _after_listing(monkeypatch, swap)
+    with pytest.raises(IntegrityError) as err:
+        ifs.verify(tmp_path / "step_2")
+    assert [(p.path, p.kind) for p in err.value.report.problems] == [("w.bin", "missing")]
+    target.rmdir()
+    target.write_bytes(b"again")
+    found = ifs.latest_verified(tmp_path)
+    assert found is not None and found[0] == str(tmp_path / "step_1")
+    assert "step_2 (damaged)" in caplog.text
+
+
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_a_symlink_swapped_in_after_the_listing_is_never_followed_out_of_the_root(
+    tmp_path, monkeypatch, caplog, granularity
+):
+    """A sealed file replaced, after the listing, by a link to a file outside the root that holds
+    the very same bytes: if anything outside the root were read, the verdict would be OK. The read
+    is pinned to the listed file, so it is a ``FileChangedError`` (latest_verified: skipped as
+    "changed while it was read"), and seal writes no manifest."""
+    data = os.urandom(200_000)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(data)
+    run = tmp_path / "run"
+    for name in ("step_1", "step_2"):
+        (run / name).mkdir(parents=True)
+        (run / name / "w.bin").write_bytes(data)
+        ifs.seal(run / name, granularity=granularity, chunk_size=64 * 1024 if granularity == "chunk" else None)
+    target = run / "step_2" / "w.bin"
+
+    def swap() -> None:
+        if not target.is_symlink():
+            target.unlink()
+            target.symlink_to(outside)
+
+    _after_listing(monkeypatch, swap)
+    with pytest.raises(ifs.FileChangedError, match="w.bin"):
+        ifs.verify(run / "step_2")
+    target.unlink()
+    target.write_bytes(data)
+    found = ifs.latest_verified(run)
+    assert found is not None and found[0] == str(run / "step_1")
+    assert "step_2 (changed while it was read)" in caplog.text
+    target.unlink()
+    target.write_bytes(data)
+    with pytest.raises(ifs.FileChangedError):
+        ifs.seal(run / "step_2", overwrite=True)
+    assert ifs.read_manifest(run / "step_2").granularity == granularity  # the old manifest, untouched
+
+
+# 19. A key and a folder of one name (object stores only) cannot be copied to a disk: refused at the listing.
+
+
+def test_seal_refuses_a_file_that_is_also_a_folder_before_reading_anything(s3_backend: Backend, monkeypatch):
+    s3_backend.write("sub", b"a key named like the folder beside it")
+    s3_backend.write("sub/x.bin", b"weights")
+    s3_backend.write("w.bin", b"more")
+    hashed: list[str] = []
+    real = ifs.storage.hash_range
+    monkeypatch.setattr(
+        ifs.storage, "hash_range", lambda fs, path, *a, **k: hashed.append(path) or real(fs, path, *a, **k)
+    )
+    options = s3_backend.storage_options
+    with pytest.raises(ValueError, match=r"'sub' is a file and also a folder holding 'sub/x.bin'"):
+        ifs.seal(s3_backend.url, storage_options=options)
+    assert hashed == [] and MANIFEST_FILENAME not in s3_backend.listdir()
+    assert ifs.storage.file_folder_clashes(["sub", "sub/x.bin", "sub/y/z", "a", "ab/c"]) == [("sub", "sub/x.bin")]

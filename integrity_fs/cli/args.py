@@ -240,7 +240,14 @@ def verify_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         default=None,
         help=f"verify against this manifest instead of {MANIFEST_FILENAME}: any format integrity-fs reads "
-        "(sha256sum, Megatron integrity.json, model_signing model.sig); a relative name is inside URL",
+        "(sha256sum, b3sum, Megatron integrity.json, model_signing model.sig); a bare name is inside URL, "
+        "./FILE and ../FILE are local paths",
+    )
+    parser.add_argument(
+        "--manifest-format",
+        choices=("auto", *formats.FORMATS),
+        default="auto",
+        help="how to read --manifest (default: detected; a sha256sum-like list is b3sum's when named B3SUMS or *.b3)",
     )
     add_public_key(parser, "then the content is verified")
     add_json(parser)
@@ -260,6 +267,7 @@ def status_arguments(parser: argparse.ArgumentParser) -> None:
     root_argument(parser)
     parser.add_argument("--full", action="store_true", help="hash every file (default: names and sizes only)")
     parser.add_argument("--strict", action="store_true", help="files not in a manifest make it damaged")
+    add_public_key(parser, "a sealed checkpoint without such a signature, or signed as another, is damaged")
     add_json(parser, "a list of checkpoints")
     add_mode(parser)
 
@@ -268,7 +276,7 @@ def latest_arguments(parser: argparse.ArgumentParser) -> None:
     root_argument(parser)
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="skip checkpoints with files not in their manifest")
-    add_public_key(parser, "checkpoints without such a signature are skipped")
+    add_public_key(parser, "checkpoints without such a signature, or signed as another, are skipped")
     add_mode(parser)
 
 

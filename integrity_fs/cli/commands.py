@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from .. import __version__, checkpoints, formats, signing, storage, transfer
 from ..manifest import MANIFEST_FILENAME
-from ..manifests import read_manifest
+from ..manifests import read_manifest, read_manifest_file
 from ..seal import sign
 from ..text import format_work
 from . import demo, launch
@@ -113,10 +113,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
             quick=args.quick,
             attested=args.attested,
             manifest=args.manifest,
+            manifest_format=args.manifest_format,
             public_key=key,
         )
-    print_verify_report(args, report, run.elapsed())
+    print_verify_report(args, report, run.elapsed(), unchecked_bundle=key is None and manifest_is_a_bundle(args))
     return EXIT_OK
+
+
+def manifest_is_a_bundle(args: argparse.Namespace) -> bool:
+    """Whether ``--manifest`` names a model_signing bundle, whose signature ``verify`` did not check."""
+    if args.manifest is None:
+        return False
+    try:
+        fs, root = storage.resolve(args.url, options_of(args))
+        _manifest, _name, kind = read_manifest_file(fs, root, args.manifest, format=args.manifest_format)
+    except (OSError, ValueError):
+        return False
+    return kind == "model_signing"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -135,6 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
+            public_key=public_key_of(args.public_key),
         )
     print_status(args.root, found, as_json=args.json, full=args.full)
     if not any(checkpoint.sealed for checkpoint in found) and (note := root_is_a_checkpoint(args)):
@@ -334,12 +348,14 @@ COMMANDS: list[Command] = [
         "export",
         cmd_export,
         "write a checkpoint's manifest in another format, on stdout",
-        "Reads the manifest (nothing else) and writes it as sha256sum text (what `sha256sum -c` reads)\n"
-        "or Megatron-LM's integrity.json. Both hold whole-file SHA-256 digests: a chunk or BLAKE3\n"
-        "manifest is refused (exit 2).\n\n"
+        "Reads the manifest (nothing else) and writes it as sha256sum text (what `sha256sum -c` reads),\n"
+        "b3sum text (what `b3sum -c` reads, for a BLAKE3 manifest), Megatron-LM's integrity.json, or\n"
+        "the seed's manifest (its four keys only, no sizes). Each holds whole-file digests: a chunk\n"
+        "manifest, or another algorithm, is refused (exit 2).\n\n"
         + _examples(
             "export ./step_1000 --format sha256sum > SHA256SUMS",
             "export s3://bucket/run/iter_0001000 --format megatron > integrity.json",
+            "export ./step_1000 --format seed > seed-manifest.json",
         ),
         export_arguments,
         common=("options",),

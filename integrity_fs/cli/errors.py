@@ -151,12 +151,19 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             )
         if command == "sign":
             return what, "nothing was signed: restore the named files from a good copy, then sign again"
+        if args is not None and _maybe_b3sum(error, args):
+            return what, (
+                f"every file differs from {args.manifest}: if b3sum wrote it (the same layout as sha256sum's, "
+                "BLAKE3 digests), verify again with --manifest-format b3sum before restoring anything"
+            )
         return what, "do not load it; restore the named files from a good copy, and re-seal only content you trust"
     if isinstance(error, FileChangedError):
         return str(error), FILE_CHANGED_HINT
     if isinstance(error, ManifestNotFoundError):
         if getattr(args, "manifest", None) is not None:
-            return str(error), "check --manifest: a relative name is inside URL; give a path or URL otherwise"
+            return str(error), (
+                "check --manifest: a bare name is inside URL; ./FILE, ../FILE and absolute paths are local; or a URL"
+            )
         return str(error), f"seal it first with `{PROG} seal URL`, once you trust its content"
     if isinstance(error, ManifestError):
         return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
@@ -176,7 +183,7 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         return str(error), hints.get(command, "choose another destination, or pass --force to replace its manifest")
     if isinstance(error, ValueError) and command == "export":
         return str(error), (
-            "sha256sum and megatron hold whole-file SHA-256 digests; "
+            "sha256sum, megatron and seed hold whole-file SHA-256 digests, b3sum whole-file BLAKE3 ones; "
             f"`{PROG} show URL` says how this checkpoint was sealed"
         )
     if isinstance(error, (ValueError, TypeError)):
@@ -201,6 +208,16 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             "--debug shows the full error",
         )
     return f"unexpected {type(error).__name__}: {error}", "run again with --debug and report the traceback"
+
+
+def _maybe_b3sum(error: IntegrityError, args: argparse.Namespace) -> bool:
+    """Whether every file differs from a ``--manifest`` list read by detection: ``b3sum`` writes
+    lists that look like ``sha256sum``'s, so that is likelier than damage to every file."""
+    if getattr(args, "manifest", None) is None or getattr(args, "manifest_format", "auto") != "auto":
+        return False
+    problems = error.report.problems
+    every = len(problems) == error.report.files_checked
+    return bool(problems) and every and all(p.kind == "mismatch" for p in problems)
 
 
 def report_error(error: BaseException, args: argparse.Namespace | None, *, as_json: bool, debug: bool) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from ..checkpoints import CheckpointStatus
+from ..checkpoints import BAD_SIGNATURE, CheckpointStatus
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
@@ -193,9 +193,15 @@ def print_transferred(head: str, report: Report, elapsed: float, *, not_done: st
 
 
 def print_verify_report(
-    args: argparse.Namespace, report: Report, elapsed: float, error: IntegrityError | None = None
+    args: argparse.Namespace,
+    report: Report,
+    elapsed: float,
+    error: IntegrityError | None = None,
+    *,
+    unchecked_bundle: bool = False,
 ) -> None:
-    """JSON with ``--json`` (full digests), else a summary and one line per problem (short digests)."""
+    """JSON with ``--json`` (full digests), else a summary and one line per problem (short digests).
+    ``unchecked_bundle``: ``--manifest`` is a model_signing bundle whose signature was not checked."""
     if args.json:
         data = {"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick}
         data.update(attested=args.attested, manifest=args.manifest, signature_checked=args.public_key is not None)
@@ -204,6 +210,8 @@ def print_verify_report(
         print_json(data)
         return
     how = "".join(verify_notes(args, report))
+    if unchecked_bundle:
+        how += f" (a model_signing bundle: its signature was NOT checked; --public-key checks {SIGNATURE_FILENAME})"
     if isinstance(error, SignatureError):
         print(f"FAILED {args.url}: {error.detail}", flush=True)
     elif report.ok:
@@ -266,6 +274,8 @@ def status_verdict(checkpoint: CheckpointStatus, *, full: bool) -> str:
     --quick`` says), ``ok`` when every byte was hashed."""
     if checkpoint.verdict == "ok":
         return "ok" if full else "sizes ok"
+    if checkpoint.verdict == "damaged" and checkpoint.detail.startswith(BAD_SIGNATURE):
+        return f"damaged: {printable(checkpoint.detail)}"
     if checkpoint.verdict == "damaged" and checkpoint.problems:
         return f"damaged: {name_problems(checkpoint.problems, limit=3)}"
     if checkpoint.verdict == "invalid":

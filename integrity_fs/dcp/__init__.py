@@ -23,14 +23,14 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import signing
-from ..checkpoints import newest_that
+from ..checkpoints import newest_that, signed_name
 from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of
 from ..distributed import agreed_candidates
 from ..errors import IntegrityError
 from ..hashing import DEFAULT_ALGORITHM
 from ..manifest import Manifest
 from ..report import Problem, Report
-from .reader import Checkpoint, VerifyingFsspecReader, check_listing, load_manifest
+from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest
 from .writer import HashingFsspecWriter, WrittenFile
 
 try:
@@ -127,6 +127,7 @@ def load(
     planner: LoadPlanner | None = None,
     manifest: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
+    expected_name: str | None = None,
     _extension_registry: ExtensionRegistry | None = None,
 ) -> Report | None:
     """``dcp.load`` of the checkpoint at ``url`` into ``state_dict`` (in place), hashing each byte
@@ -143,7 +144,8 @@ def load(
     Returns what was verified: ``files_checked`` the files some rank read, ``bytes_checked`` the
     bytes hashed (in a partial load, files no rank reads are covered by the listing check only);
     ``None`` when nothing was verified (``verify=False``, or no manifest and
-    ``require_manifest=False``). ``manifest`` is as for :func:`integrity_fs.verify`.
+    ``require_manifest=False``). ``manifest``, ``public_key`` and ``expected_name`` (the name the
+    signature must give the checkpoint) are as for :func:`integrity_fs.verify`.
     ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
     (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are accepted for
     compatibility and not used: each rank verifies what it reads.
@@ -168,7 +170,7 @@ def load(
         _extension_registry=_extension_registry,
         **(storage_options or {}),
     )
-    reader.use(_prepare(g, url, storage_options, manifest, public_key, require_manifest, strict))
+    reader.use(_prepare(g, url, storage_options, manifest, public_key, expected_name, require_manifest, strict))
     try:
         _run(state_dict, reader, planner, process_group)
     except CheckpointException as exc:
@@ -191,15 +193,21 @@ def _prepare(
     storage_options: dict[str, Any] | None,
     manifest: Manifest | URL | None,
     public_key: Any,
+    expected_name: str | None,
     require_manifest: bool,
     strict: bool,
 ) -> Checkpoint:
     """Rank 0's manifest for every rank, each rank's listing checked against it; the merged
     verdict on every rank when any rank's check fails."""
 
-    def manifest_here() -> tuple[Manifest, str | None] | None:
+    def manifest_here() -> Found | None:
         return load_manifest(
-            url, storage_options, manifest=manifest, public_key=public_key, require_manifest=require_manifest
+            url,
+            storage_options,
+            manifest=manifest,
+            public_key=public_key,
+            require_manifest=require_manifest,
+            expected_name=expected_name,
         )
 
     if g is None:
@@ -313,6 +321,7 @@ def load_latest(
             strict=strict,
             planner=planner,
             public_key=public_key,
+            expected_name=signed_name(url, public_key),
         )
 
     found = newest_that([(url, url) for url in candidates], attempt, warn=g is None or g.rank == 0)

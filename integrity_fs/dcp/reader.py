@@ -27,7 +27,7 @@ from ..manifest import Manifest
 from ..manifests import manifest_in_use
 from ..read import Buffers, Entry, VerifiedFile
 from ..report import Problem, Report, printable
-from ..verify import Prepared, plan_verification, verify_options
+from ..verify import Prepared, check_covered, plan_verification, verify_options
 
 try:
     from torch.distributed.checkpoint._extension import ExtensionRegistry
@@ -49,6 +49,9 @@ __all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader"]
 log = logging.getLogger("integrity_fs")
 
 URL = str | os.PathLike[str]
+#: A manifest to load against: the manifest, the name of its file inside the root (if it is
+#: there), and whether a signature vouches for it.
+Found = tuple[Manifest, str | None, bool]
 
 
 @dataclass
@@ -75,34 +78,39 @@ def load_manifest(
     manifest: Manifest | URL | None,
     public_key: Any,
     require_manifest: bool,
-) -> tuple[Manifest, str | None] | None:
-    """The manifest a load reads against (its signature checked with ``public_key``) and the name
-    of its file when it is inside the root; ``None`` for a checkpoint that has none, when that is
-    allowed (:func:`check_listing` logs it)."""
+    expected_name: str | None = None,
+) -> Found | None:
+    """The manifest a load reads against (its signature checked with ``public_key``, and the
+    name it was signed as with ``expected_name``), the name of its file when it is inside the
+    root, and whether a signature vouches for it; ``None`` for a checkpoint that has none, when
+    that is allowed (:func:`check_listing` logs it)."""
     fs, root = storage.resolve(url, storage_options)
+    options = verify_options(manifest=manifest, public_key=public_key, expected_name=expected_name)
     try:
-        return manifest_in_use(fs, root, verify_options(manifest=manifest, public_key=public_key))
+        found, in_use, _kind = manifest_in_use(fs, root, options)
+        return found, in_use, options.key is not None
     except ManifestNotFoundError:
         if require_manifest:
             raise
         return None
 
 
-def check_listing(
-    url: URL, storage_options: dict[str, Any] | None, found: tuple[Manifest, str | None] | None, *, strict: bool
-) -> Checkpoint:
-    """This rank's listing of the checkpoint, checked against the manifest ``found`` (and the
-    name of its file, left out of the listing) before anything is read: a missing, resized or
-    (``strict``) extra file is an ``IntegrityError`` at once."""
+def check_listing(url: URL, storage_options: dict[str, Any] | None, found: Found | None, *, strict: bool) -> Checkpoint:
+    """This rank's listing of the checkpoint, checked against the manifest ``found`` (the name of
+    its file left out of the listing) before anything is read: a missing, resized or (``strict``)
+    extra file is an ``IntegrityError`` at once; with a signature, a file it does not cover is a
+    ``SignatureError``."""
     fs, root = storage.resolve(url, storage_options)
     if found is None:
         log.info("%s has no manifest: loading it unverified", printable(storage.describe(fs, root)))
         return Checkpoint(None)
-    manifest, in_use = found
+    manifest, in_use, signed = found
     checkpoint = Checkpoint(manifest)
-    sizes = storage.list_files(fs, root, versions=checkpoint.versions)
+    sizes = storage.list_files(fs, root, versions=checkpoint.versions, leftovers=True)
     if in_use is not None:
         sizes.pop(in_use, None)
+    if signed:
+        check_covered(manifest, sizes, storage.describe(fs, root))
     plan = plan_verification(manifest, sizes, strict=strict, quick=True)
     location = storage.describe(fs, root)
     if plan.problems:

@@ -1,6 +1,7 @@
-"""Manifests in other formats: Megatron-LM's ``integrity.json``, ``sha256sum`` output and
-OpenSSF model_signing bundles, read into a :class:`~integrity_fs.Manifest` so that one verifier
-checks them all; and this project's manifests written out as ``sha256sum`` or Megatron files.
+"""Manifests in other formats: Megatron-LM's ``integrity.json``, ``sha256sum`` and ``b3sum``
+output and OpenSSF model_signing bundles, read into a :class:`~integrity_fs.Manifest` so that one
+verifier checks them all; and this project's manifests written out as ``sha256sum``, ``b3sum``
+or Megatron files, or as the seed's manifest (its four keys exactly).
 
 :func:`load` and :func:`dump` are pure (bytes in, bytes out); reading a manifest file from storage is
 ``integrity_fs.manifests``' job.
@@ -13,29 +14,26 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
 from .. import signing
 from ..errors import ManifestError
-from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
-from ..report import printable
+from ..manifest import MANIFEST_FILENAME, Manifest, parse_json
+from .sums import SUM_FORMATS, dump_sums, is_sum_list, read_sums
 
-__all__ = ["DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
+__all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
 
 log = logging.getLogger("integrity_fs")
 
 #: What :func:`load` reads (``"auto"`` detects which by content).
-FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "model_signing")
+FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "b3sum", "model_signing")
 #: What :func:`dump` writes.
-DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "megatron")
-
-# GNU coreutils: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode), which `sha256sum -c` also
-# takes as "<hex> <name>" (BSD's `sha256 -r`); --tag: "SHA256 (<name>) = <hex>".
-_SUM_LINE = re.compile(r"(?P<hex>[0-9a-fA-F]{64})(?: [ *]| )(?P<name>.+)", re.DOTALL)
-_TAG_LINE = re.compile(r"SHA256 \((?P<name>.+)\) = (?P<hex>[0-9a-fA-F]{64})", re.DOTALL)
-_SUM_ESCAPES = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
+DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "b3sum", "megatron", "seed")
+#: File names (any case) that say a checksum list is ``b3sum``'s: its content looks like ``sha256sum``'s.
+B3SUM_NAMES: tuple[str, ...] = ("b3sums", "b3sum")
+#: File name endings (any case) that say the same.
+B3SUM_SUFFIXES: tuple[str, ...] = (".b3", ".b3sum", ".b3sums", ".blake3")
 
 
 def load(data: bytes, format: str = "auto") -> Manifest:
@@ -57,8 +55,12 @@ def load(data: bytes, format: str = "auto") -> Manifest:
     return reader(data)
 
 
-def detect(data: bytes) -> str:
-    """The format of ``data``, judged by content; ``ManifestError`` when it is none of :data:`FORMATS`."""
+def detect(data: bytes, *, name: str | None = None) -> str:
+    """The format of ``data``, judged by content; ``ManifestError`` when it is none of :data:`FORMATS`.
+
+    ``sha256sum`` and ``b3sum`` lists look alike: a list is ``b3sum``'s only when its file
+    ``name`` says so (:data:`B3SUM_NAMES`, :data:`B3SUM_SUFFIXES`), else ``sha256sum``'s.
+    """
     if data.lstrip()[:1] == b"{":
         obj = _json_object(data, "manifest")
         if "dsseEnvelope" in obj:
@@ -71,38 +73,38 @@ def detect(data: bytes) -> str:
             "JSON manifest of no known format: not integrity_fs (no 'version'), not Megatron (no 'files'), "
             "not a model_signing bundle (no 'dsseEnvelope')"
         )
-    # `sha256sum -c` skips blank lines; so does the reader, and so must detection.
-    first = next((line for line in data.splitlines() if line.strip()), b"").lstrip(b"\\")
-    if _SUM_LINE.fullmatch(first.decode("utf-8", "replace")) or first.startswith(b"SHA256 ("):
-        return "sha256sum"
+    if is_sum_list(data):  # `sha256sum -c` skips blank lines; so does the reader, and so must detection
+        lowered = (name or "").lower()
+        return "b3sum" if lowered in B3SUM_NAMES or lowered.endswith(B3SUM_SUFFIXES) else "sha256sum"
     raise ManifestError(f"not a manifest in any known format ({', '.join(FORMATS)})")
 
 
 def dump(manifest: Manifest, format: str) -> bytes:
-    """``manifest`` written as ``format``: ``"sha256sum"`` (what ``sha256sum -c`` reads) or
-    ``"megatron"`` (``integrity.json`` byte for byte as Megatron-LM writes it).
+    """``manifest`` written as ``format``: ``"sha256sum"`` (what ``sha256sum -c`` reads),
+    ``"b3sum"`` (what ``b3sum -c`` reads), ``"megatron"`` (``integrity.json`` byte for byte as
+    Megatron-LM writes it) or ``"seed"`` (this project's manifest with the seed's four keys only,
+    ``algorithm``, ``files``, ``granularity`` and ``version``, for verifiers that check the key set).
 
-    Both hold whole-file SHA-256 digests only: a chunk or non-SHA-256 manifest is a ``ValueError``.
+    Each holds whole-file digests only, SHA-256 (BLAKE3 for ``b3sum``): another granularity or
+    algorithm is a ``ValueError``.
     """
     if format not in DUMP_FORMATS:
         raise ValueError(f"cannot write manifest format {format!r} (writable: {', '.join(DUMP_FORMATS)})")
-    if manifest.algorithm != "sha256" or manifest.granularity != "file":
+    algorithm = SUM_FORMATS.get(format, "sha256")
+    if manifest.algorithm != algorithm or manifest.granularity != "file":
         raise ValueError(
-            f"{format} holds whole-file SHA-256 digests only; this manifest has {manifest.algorithm} "
-            f"digests at {manifest.granularity} granularity"
+            f"{format} holds whole-file {_ALGORITHM_NAMES[algorithm]} digests only; this manifest has "
+            f"{manifest.algorithm} digests at {manifest.granularity} granularity"
         )
     if format == "megatron":
         # megatron/core/dist_checkpointing/validation.py: json.dump({...}, f, indent=2)
         return json.dumps({"algorithm": "sha256", "files": dict(manifest.files)}, indent=2).encode("utf-8")
-    return b"".join(_sum_line(name, digest).encode("utf-8") for name, digest in manifest.files.items())
+    if format == "seed":
+        return Manifest(files=manifest.files).to_json()
+    return dump_sums(manifest, format)
 
 
-def _sum_line(name: str, digest: str) -> str:
-    """One ``sha256sum`` line; GNU escaping (a leading backslash) for names with ``\\``, LF or CR."""
-    if not any(c in name for c in "\\\n\r"):
-        return f"{digest}  {name}\n"
-    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-    return f"\\{digest}  {escaped}\n"
+_ALGORITHM_NAMES = {"sha256": "SHA-256", "blake3": "BLAKE3"}
 
 
 # --- readers -----------------------------------------------------------------------------------
@@ -121,9 +123,7 @@ def _is_ours(name: object, where: str) -> bool:
     is not verified against another, and ``model.sig`` is checked with ``public_key=``."""
     if name not in (MANIFEST_FILENAME, signing.SIGNATURE_FILENAME):
         return False
-    log.warning(
-        "%s lists %s: left out (never content: it is not verified against this manifest)", printable(where), name
-    )
+    log.warning("%s lists %s: left out (never content: it is not verified against this manifest)", where, name)
     return True
 
 
@@ -148,57 +148,6 @@ def _read_megatron(data: bytes) -> Manifest:
         raise ManifestError(f"Megatron integrity.json: {exc}") from exc
 
 
-def _read_sha256sum(data: bytes) -> Manifest:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"sha256sum file is not UTF-8 (names must be UTF-8): {exc}") from exc
-    files: dict[str, str] = {}
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.removesuffix("\r")  # CRLF line ends, which `sha256sum -c` takes too
-        if not line:
-            continue
-        name, digest = _parse_sum_line(line, number)
-        if name.startswith("./"):
-            name = name[2:]
-        if _is_ours(name, "sha256sum file"):
-            continue
-        try:
-            check_name(name)
-        except ManifestError as exc:
-            raise ManifestError(f"sha256sum line {number}: {exc}") from exc
-        if files.setdefault(name, digest) != digest:
-            raise ManifestError(f"sha256sum line {number}: {name!r} is listed twice with different digests")
-    if not files:
-        raise ManifestError("sha256sum file lists no files")
-    return Manifest(files=files)
-
-
-def _parse_sum_line(line: str, number: int) -> tuple[str, str]:
-    escaped = line.startswith("\\")
-    body = line[1:] if escaped else line
-    match = _SUM_LINE.fullmatch(body) or _TAG_LINE.fullmatch(body)
-    if match is None:
-        raise ManifestError(
-            f"sha256sum line {number} is not '<64 hex digits>  <name>', '<64 hex digits> *<name>' "
-            f"or 'SHA256 (<name>) = <64 hex digits>': {line[:100]!r}"
-        )
-    name = match["name"]
-    if escaped:
-        name = _unescape(name, number)
-    return name, match["hex"].lower()
-
-
-def _unescape(name: str, number: int) -> str:
-    def one(m: re.Match[str]) -> str:
-        try:
-            return _SUM_ESCAPES[m[0]]
-        except KeyError:
-            raise ManifestError(f"sha256sum line {number}: unknown escape {m[0]!r} in {name!r}") from None
-
-    return re.sub(r"\\.?", one, name, flags=re.DOTALL)
-
-
 def _read_model_signing(data: bytes) -> Manifest:
     """The digests a model_signing bundle lists, read by the parser that ``signing`` checks
     signatures with; the signature itself is not checked here."""
@@ -212,6 +161,7 @@ def _read_model_signing(data: bytes) -> Manifest:
 _READERS: dict[str, Callable[[bytes], Manifest]] = {
     "integrity_fs": _read_integrity_fs,
     "megatron": _read_megatron,
-    "sha256sum": _read_sha256sum,
+    "sha256sum": lambda data: read_sums(data, "sha256sum"),
+    "b3sum": lambda data: read_sums(data, "b3sum"),
     "model_signing": _read_model_signing,
 }

@@ -1,11 +1,5 @@
 """model.sig as OpenSSF model_signing writes it with a key: a Sigstore bundle (media type v0.3)
-holding a DSSE envelope over an in-toto v1 statement whose predicate
-(``https://model_signing/signature/v1.0``) lists every signed resource with its digest; the
-subject's digest is the SHA-256 of the resources' raw digests, in order.
-
-File granularity is model_signing's ``files`` serialization (one resource per file, its SHA-256:
-our file digest). Chunk granularity is its ``shards`` serialization with ``shard_size =
-chunk_size`` (one resource ``name:start:end`` per chunk: our chunk digests).
+holding a DSSE envelope over the in-toto statement of :mod:`.statement`.
 
 Pure: bytes in, bytes out. The one parser of bundles (``formats`` reads them too).
 """
@@ -14,70 +8,24 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
-import logging
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ManifestError, SignatureError
-from ..hashing import chunk_count, chunk_range, combine_chunk_digests
-from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
-from ..report import SIGNATURE_FILENAME, printable
+from ..manifest import Manifest, parse_json
+from ..report import SIGNATURE_FILENAME
 from .keys import PrivateKey, PublicKey, ecdsa, key_hint, load_private_key, load_public_key
+from .statement import Signed, read_statement, statement
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 
-__all__ = [
-    "BUNDLE_MEDIA_TYPE",
-    "IGNORE_PATHS",
-    "PAYLOAD_TYPE",
-    "PREDICATE_TYPE",
-    "STATEMENT_TYPE",
-    "Signed",
-    "check_shard_names",
-    "check_signable",
-    "open_bundle",
-    "pae",
-    "read_envelope",
-    "read_statement",
-    "resources",
-    "shard_order",
-    "sign",
-    "signed_manifest",
-    "statement",
-]
-
-log = logging.getLogger("integrity_fs")
+__all__ = ["BUNDLE_MEDIA_TYPE", "PAYLOAD_TYPE", "open_bundle", "pae", "pae_compat", "read_envelope", "sign"]
 
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-
-PREDICATE_TYPE = "https://model_signing/signature/v1.0"
-
-#: Files model_signing's verifier must not hash: our manifest and the signature itself.
-IGNORE_PATHS = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
-
-
-@dataclass(frozen=True)
-class Signed:
-    """What a verified signature covers: resource name -> hex digest, and how they were made.
-
-    ``method`` is model_signing's serialization (``"files"`` or ``"shards"``); ``shard_size``
-    is set for shards. Resource names are file names (files) or ``name:start:end`` (shards).
-    """
-
-    method: str
-    shard_size: int | None
-    resources: Mapping[str, str]
-    model_name: str
 
 
 def pae(payload: bytes) -> bytes:
@@ -85,85 +33,15 @@ def pae(payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d " % (len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), len(payload)) + payload
 
 
-def check_signable(algorithm: str, granularity: str) -> None:
-    """``ValueError`` unless model_signing has a serialization for manifests of this kind."""
-    if algorithm != "sha256":
-        raise ValueError(f"signing needs algorithm 'sha256' (what model_signing verifies), not {algorithm!r}")
-    if granularity not in ("file", "chunk"):
-        raise ValueError(f"signing supports granularity 'file' and 'chunk', not {granularity!r}")
-
-
-def _shard_name(name: str, start: int, end: int) -> str:
-    return f"{name}:{start}:{end}"
-
-
-def check_shard_names(granularity: str, sizes: Mapping[str, int]) -> None:
-    """``ValueError`` naming a file whose shard resource model_signing could not hold: with
-    chunk granularity, a non-empty file whose name has ``':'`` (shards are ``name:start:end``).
-    Called on the listing, so a seal that would fail to sign fails before reading anything."""
-    if granularity != "chunk":
-        return
-    bad = sorted(name for name, size in sizes.items() if size and ":" in name)
-    if bad:
-        raise ValueError(
-            f"{bad[0]!r}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}: model_signing's shard "
-            "names cannot hold a file name with ':' (sign with granularity='file')"
-        )
-
-
-def resources(manifest: Manifest) -> dict[str, str]:
-    """The resources model_signing would list for ``manifest``'s files: name -> hex digest."""
-    check_signable(manifest.algorithm, manifest.granularity)
-    if manifest.granularity == "file":
-        return dict(manifest.files)
-    assert manifest.chunks is not None and manifest.sizes is not None and manifest.chunk_size is not None
-    out: dict[str, str] = {}
-    for name, digests in manifest.chunks.items():
-        size = manifest.sizes[name]
-        if size == 0:
-            continue  # model_signing gives an empty file no shard
-        check_shard_names("chunk", {name: size})
-        for i, digest in enumerate(digests):
-            out[_shard_name(name, *chunk_range(size, manifest.chunk_size, i))] = digest
-    return out
-
-
-def _file_order(name: str) -> tuple[str, ...]:
-    """model_signing's order of files: by path components, as ``PurePosixPath`` compares."""
-    return tuple(name.split("/"))
-
-
-def shard_order(name: str) -> tuple[tuple[str, ...], int, int]:
-    """model_signing's order of shards: by file, then offsets."""
-    path, start, end = name.rsplit(":", 2)
-    return _file_order(path), int(start), int(end)
-
-
-def statement(manifest: Manifest, model_name: str) -> bytes:
-    """The in-toto statement model_signing would sign for ``manifest`` (its JSON layout, too)."""
-    by_name = resources(manifest)
-    order = _file_order if manifest.granularity == "file" else shard_order
-    algorithm = "sha256" if manifest.granularity == "file" else f"sha256-sharded-{manifest.chunk_size}"
-    listed = [{"name": n, "algorithm": algorithm, "digest": by_name[n]} for n in sorted(by_name, key=order)]
-    serialization: dict[str, Any] = {"method": "files" if manifest.granularity == "file" else "shards"}
-    if manifest.granularity == "chunk":
-        serialization["shard_size"] = manifest.chunk_size
-    serialization.update(hash_type="sha256", allow_symlinks=False, ignore_paths=list(IGNORE_PATHS))
-    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in listed)).hexdigest()
-    document = {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": model_name, "digest": {"sha256": root}}],
-        "predicateType": PREDICATE_TYPE,
-        "predicate": {"serialization": serialization, "resources": listed},
-    }
-    return json.dumps(document, indent=2, ensure_ascii=False).encode("utf-8")
+def pae_compat(payload: bytes) -> bytes:
+    """The encoding model_signing signed before 1.0 (``DSSEV1``, the payload as Python writes a
+    bytes literal), which its 1.1.1 verifier still accepts when :func:`pae` does not verify."""
+    return f"DSSEV1 {len(PAYLOAD_TYPE)} {PAYLOAD_TYPE} {len(payload)} {payload!r}".encode()
 
 
 def sign(manifest: Manifest, private_key: PrivateKey, model_name: str) -> bytes:
-    """``model.sig`` bytes: ``manifest``'s digests signed with ``private_key``.
-
-    ``model_name`` is informative (model_signing uses the directory's name).
-    """
+    """``model.sig`` bytes: ``manifest``'s digests signed with ``private_key``, the statement
+    naming the checkpoint ``model_name`` (its directory's name, as model_signing names it)."""
     key = load_private_key(private_key)
     payload = statement(manifest, model_name)
     signature = key.sign(pae(payload), ecdsa(key.curve.name))
@@ -193,109 +71,6 @@ def read_envelope(data: bytes) -> tuple[dict[str, Any], bytes]:
     return bundle, _b64(envelope.get("payload"), "the DSSE payload")
 
 
-def read_statement(payload: bytes) -> Signed:
-    """The resources an in-toto statement of model_signing lists, checked: its types, one
-    subject whose digest is the SHA-256 of the resources' digests in order, the ``files`` or
-    ``shards`` serialization of SHA-256, every name a manifest name (shards ``name:start:end``)
-    listed once. Entries for this project's manifest and ``model.sig`` (model_signing run over a
-    sealed directory without ignoring them) are left out. ``ManifestError`` says what is wrong."""
-    doc = parse_json(payload, "the in-toto statement")
-    if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
-        kind = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
-        raise ManifestError(f"statement type {kind!r} is not supported (expected {STATEMENT_TYPE})")
-    if doc.get("predicateType") != PREDICATE_TYPE:
-        raise ManifestError(
-            f"predicate type {doc.get('predicateType')!r} is not supported (this reader knows {PREDICATE_TYPE})"
-        )
-    subjects = doc.get("subject")
-    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
-        raise ManifestError("the statement must have exactly one subject")
-    digest = subjects[0].get("digest")
-    root = digest.get("sha256") if isinstance(digest, dict) else None
-    model_name = subjects[0].get("name")
-    predicate = doc.get("predicate")
-    serialization = predicate.get("serialization") if isinstance(predicate, dict) else None
-    listed = predicate.get("resources") if isinstance(predicate, dict) else None
-    if not isinstance(serialization, dict):
-        raise ManifestError("the predicate has no 'serialization' object")
-    if not isinstance(listed, list) or not all(isinstance(r, dict) for r in listed):
-        raise ManifestError("'resources' is not a list of objects")
-    method = serialization.get("method")
-    if serialization.get("hash_type") != "sha256":
-        raise ManifestError(f"hash type {serialization.get('hash_type')!r} is not supported (only sha256)")
-    if method not in ("files", "shards"):
-        raise ManifestError(f"serialization method {method!r} is not supported (files, shards)")
-    shard_size = _shard_size(serialization.get("shard_size")) if method == "shards" else None
-    hasher = hashlib.sha256()
-    out: dict[str, str] = {}
-    seen: set[str] = set()
-    for item in listed:
-        name, algorithm, value = item.get("name"), item.get("algorithm"), item.get("digest")
-        if not isinstance(value, str) or not _SHA256.fullmatch(value):
-            raise ManifestError(f"{name!r} has no SHA-256 digest (64 hex digits): {value!r}")
-        hasher.update(bytes.fromhex(value))
-        path = _resource_path(name, algorithm, shard_size)
-        if name in seen:
-            raise ManifestError(f"{name!r} is listed twice")
-        seen.add(name)
-        if path in IGNORE_PATHS:
-            log.warning(
-                "the signed statement lists %s: left out (never content: not verified against it)", printable(str(name))
-            )
-            continue
-        out[name] = value.lower()
-    if not isinstance(root, str) or hasher.hexdigest() != root.lower():
-        raise ManifestError(
-            f"the statement is inconsistent: its resources do not hash to its root digest "
-            f"(subject digest {root!r}, resources {hasher.hexdigest()!r})"
-        )
-    return Signed(method, shard_size, out, model_name if isinstance(model_name, str) else "")
-
-
-_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-
-# ASCII digits only (``\d`` takes any script's, which ``int`` converts), and at most 20 of them: no
-# byte offset has more, and ``int`` refuses strings of over 4300 digits with a plain ValueError.
-_SHARD_ALGORITHM = re.compile(r"sha256-sharded-([0-9]{1,20})(?:\.0)?")
-
-_SHARD_NAME = re.compile(r"(?P<path>.+):(?P<start>[0-9]{1,20}):(?P<end>[0-9]{1,20})", re.DOTALL)
-
-
-def _is_shard(start: int, end: int, size: int, shard_size: int) -> bool:
-    """Whether ``start:end`` is one of the fixed-size shards of a file of ``size`` bytes."""
-    return start % shard_size == 0 and start < size and end == min(size, start + shard_size)
-
-
-def _resource_path(name: object, algorithm: object, shard_size: int | None) -> str:
-    """The file a resource is of (its name, or a shard's path), checked as a manifest name."""
-    if shard_size is None:
-        if algorithm != "sha256":
-            raise ManifestError(f"{name!r}: digest algorithm {algorithm!r} is not supported (expected sha256)")
-        path = name
-    else:
-        found = _SHARD_ALGORITHM.fullmatch(algorithm) if isinstance(algorithm, str) else None
-        if found is None or int(found[1]) != shard_size:
-            raise ManifestError(
-                f"{name!r}: digest algorithm {algorithm!r} is not supported (expected sha256-sharded-{shard_size})"
-            )
-        parsed = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
-        if parsed is None or int(parsed["start"]) >= int(parsed["end"]):
-            raise ManifestError(f"shard name {name!r} is not '<path>:<start>:<end>' with start < end")
-        path = parsed["path"]
-    if path in IGNORE_PATHS:
-        return path
-    return check_name(path)
-
-
-def _shard_size(value: object) -> int:
-    """model_signing 1.1.1 writes ``shard_size`` as a float (``1048576.0``): accept integral ones."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ManifestError(f"shard size {value!r} is not supported (a positive whole number of bytes)")
-    return value
-
-
 def _b64(text: object, what: str) -> bytes:
     if not isinstance(text, str):
         raise ManifestError(f"{what} is not a base64 string")
@@ -303,40 +78,6 @@ def _b64(text: object, what: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ManifestError(f"{what} is not valid base64 ({exc})") from exc
-
-
-def signed_manifest(signed: Signed) -> Manifest:
-    """The manifest of what ``signed`` lists. Shards become a chunk manifest with ``chunk_size =
-    shard_size``: each file's shards must be its consecutive chunks, and its size is the last
-    shard's end. ``ManifestError`` otherwise."""
-    if signed.method == "files":
-        return Manifest(files=dict(signed.resources))
-    assert signed.shard_size is not None
-    by_file: dict[str, list[tuple[int, int, str]]] = {}
-    for name, digest in signed.resources.items():
-        path, start, end = name.rsplit(":", 2)
-        by_file.setdefault(path, []).append((int(start), int(end), digest))
-    size_of, chunks = {}, {}
-    for path, shards in by_file.items():
-        shards.sort()
-        size = shards[-1][1]
-        # Compared shard by shard, never by building the list of every shard the size calls for:
-        # a statement's offsets (up to 20 digits) would make that list as long as a file has bytes.
-        shard_size = signed.shard_size
-        count = chunk_count(size, shard_size)
-        got = [(start, end) for start, end, _ in shards]
-        if len(got) != count or any(chunk_range(size, shard_size, i) != r for i, r in enumerate(got)):
-            odd = next((f"unexpected {path}:{a}:{b}" for a, b in got if not _is_shard(a, b, size, shard_size)), "")
-            twice = "a shard listed twice" if len(set(got)) < len(got) else ""
-            unexpected = odd or twice or f"{count - len(got)} of its {count} shards missing"
-            raise ManifestError(
-                f"shards of {path!r} are not consecutive shards of {shard_size} bytes from 0 "
-                f"({unexpected}); only a fixed shard size is supported"
-            )
-        size_of[path] = size
-        chunks[path] = tuple(digest for _, _, digest in shards)
-    files = {path: combine_chunk_digests("sha256", digests) for path, digests in chunks.items()}
-    return Manifest(files=files, sizes=size_of, granularity="chunk", chunk_size=signed.shard_size, chunks=chunks)
 
 
 def open_bundle(data: bytes, public_key: PublicKey, *, location: str = "") -> Signed:
@@ -373,10 +114,14 @@ def _open_bundle(data: bytes, key: EllipticCurvePublicKey, location: str) -> Sig
     raw = _b64(signatures[0].get("sig"), f"{where} signature")
     from cryptography.exceptions import InvalidSignature
 
+    algorithm = ecdsa(key.curve.name)
     try:
-        key.verify(raw, pae(payload), ecdsa(key.curve.name))
-    except InvalidSignature as exc:
-        raise SignatureError(
-            f"{where}: the signature does not verify with the given public key", location=location
-        ) from exc
+        key.verify(raw, pae(payload), algorithm)
+    except InvalidSignature:
+        try:  # as model_signing 1.1.1 does: a signature made before 1.0
+            key.verify(raw, pae_compat(payload), algorithm)
+        except InvalidSignature as exc:
+            raise SignatureError(
+                f"{where}: the signature does not verify with the given public key", location=location
+            ) from exc
     return read_statement(payload)

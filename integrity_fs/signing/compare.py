@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from ..errors import ManifestError, SignatureError
 from ..hashing import combine_chunk_digests
 from ..manifest import Manifest
-from ..report import SIGNATURE_FILENAME, Problem
-from .bundle import Signed, resources, shard_order, signed_manifest
+from ..report import SIGNATURE_FILENAME, Problem, Report
+from .statement import EMPTY_SHA256, Signed, resources, shard_order, signed_manifest
 
-__all__ = ["describe_differences", "differences", "to_manifest"]
+__all__ = ["check_model_name", "describe_differences", "differences", "to_manifest"]
 
 
 _MAX_LISTED = 10
@@ -49,11 +49,14 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
         ours: dict[str, dict[str, str]] = {n: {n: d} for n, d in mine_res.items()}
         theirs: dict[str, dict[str, str]] = {n: {n: d} for n, d in signed.resources.items()}
     else:
+        # An empty file has no shard: it is covered by name, as one empty chunk at 0:0.
+        assert manifest.sizes is not None and manifest.chunks is not None
         ours, theirs = _group_shards(mine_res), _group_shards(signed.resources)
-        for name in manifest.files:  # empty files are in the manifest, and rightly not signed
-            if manifest.sizes is not None and manifest.sizes[name] == 0:
-                ours.setdefault(name, {})
-                theirs.setdefault(name, {})
+        for name, size in manifest.sizes.items():
+            if size == 0:
+                ours[name] = {f"{name}:0:0": manifest.chunks[name][0]}
+        for name in signed.empty_files or ():
+            theirs[name] = {f"{name}:0:0": EMPTY_SHA256}
     lines: list[str] = []
     problems: list[Problem] = []
     for name in sorted(set(ours) | set(theirs)):
@@ -61,14 +64,16 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
             lines.append(f"{name}: signed but not in the manifest")
             problems.append(Problem(name, "extra"))
         elif name not in theirs:
-            lines.append(f"{name}: in the manifest but not signed")
+            unnamed = signed.empty_files is None and manifest.sizes is not None and manifest.sizes[name] == 0
+            why = " (model_signing's shard serialization signs no empty file)" if unnamed else ""
+            lines.append(f"{name}: in the manifest but not signed{why}")
             problems.append(Problem(name, "missing", expected=manifest.files[name]))
         elif ours[name] != theirs[name]:
             ranges = (
                 tuple(
                     _range(r)
                     for r in sorted(set(ours[name]) | set(theirs[name]), key=shard_order)
-                    if ours[name].get(r) != theirs[name].get(r)
+                    if ours[name].get(r) != theirs[name].get(r) and not r.endswith(":0:0")
                 )
                 if signed.method == "shards"
                 else ()
@@ -80,6 +85,23 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
                 Problem(name, "mismatch", expected=signed_digest, actual=manifest.files[name], byte_ranges=ranges)
             )
     return lines, problems
+
+
+def check_model_name(signed: Signed, expected: str, *, location: str = "") -> None:
+    """``SignatureError`` unless the statement names the checkpoint ``expected``: a signature
+    copied from another checkpoint (``step_1000``'s beside ``step_9000``) verifies, and names
+    the one it was made for."""
+    if signed.model_name == expected:
+        return
+    problem = Problem(SIGNATURE_FILENAME, "mismatch", expected=expected, actual=signed.model_name or None)
+    if signed.model_name:
+        detail = (
+            f"{SIGNATURE_FILENAME} was signed as {signed.model_name!r}, not {expected!r} "
+            "(a signature copied from another checkpoint?)"
+        )
+    else:
+        detail = f"{SIGNATURE_FILENAME} does not name the checkpoint it signed (a pre-1.0 model_signing statement)"
+    raise SignatureError(detail, Report(problems=(problem,)), location)
 
 
 def _group_shards(by_name: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -97,7 +119,7 @@ def _range(shard: str) -> tuple[int, int]:
 def _file_digest(signed: Signed, name: str, shards: Mapping[str, str]) -> str | None:
     if signed.method == "files":
         return shards[name]
-    ordered = [shards[s] for s in sorted(shards, key=shard_order)]
+    ordered = [shards[s] for s in sorted(shards, key=shard_order)]  # an empty file: its one chunk
     return combine_chunk_digests("sha256", ordered) if ordered else None
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Iterable
 from typing import Any
 
 import fsspec
@@ -25,11 +26,15 @@ from .gcs import is_gcs
 from .urls import describe, is_local
 
 __all__ = [
+    "LEFT_BY_WRITE",
     "NOT_CONTENT",
     "Version",
+    "check_no_clashes",
     "check_root",
     "exists",
+    "file_folder_clashes",
     "forget_cached",
+    "is_leftover",
     "list_dirs",
     "list_files",
     "local_identity",
@@ -43,7 +48,7 @@ log = logging.getLogger("integrity_fs")
 #: Files at the root that describe the checkpoint and are not its content.
 NOT_CONTENT = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
 #: What :func:`write_atomic` names its temporary file at a local root (``mkstemp``: 8 random
-#: characters): one left by a killed seal is not content.
+#: characters). One left by a killed seal or sign (see :func:`is_leftover`) is not content.
 LEFT_BY_WRITE = re.compile(rf"\.(?:{'|'.join(map(re.escape, NOT_CONTENT))})\.[A-Za-z0-9_]{{8}}\.tmp")
 
 #: A file's version as a listing saw it: an ETag or generation (str), a local identity (int).
@@ -128,10 +133,14 @@ def list_files(
     *,
     stamps: dict[str, str] | None = None,
     versions: dict[str, Version] | None = None,
+    leftovers: bool = False,
 ) -> dict[str, int]:
     """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
 
-    The root's manifest and signature are left out. On local disks, symlinks are never followed
+    The root's manifest and signature are left out, and so are temporary files that an
+    interrupted write of ours left at a local root (:func:`is_leftover`; with a WARNING), unless
+    ``leftovers``: a verification lists them, so that ``strict`` and a signature account for
+    them like any file. On local disks, symlinks are never followed
     out of the root: a link whose target lies outside is skipped (and logged), and linked
     directories are not descended. FIFOs, sockets and devices are skipped with a warning. On
     object stores the listing comes from the store, never from a cache, and folder markers
@@ -142,7 +151,7 @@ def list_files(
     the modification time on local disks, the version elsewhere.
     """
     if is_local(fs):
-        return _list_local(root, stamps, versions)
+        return _list_local(root, stamps, versions, leftovers)
     with storage_errors(f"listing {describe(fs, root)}"):
         forget_cached(fs, root)
         found = fs.find(root, detail=True, withdirs=False)
@@ -186,8 +195,32 @@ def forget_cached(fs: fsspec.AbstractFileSystem, root: str) -> None:
             cache.pop(key, None)
 
 
+def is_leftover(path: str, name: str) -> bool:
+    """Whether the root's file ``name`` (at ``path``) is a temporary file of :func:`write_atomic`
+    that an interrupted write left: named as it names them, and empty or starting as the JSON it
+    writes. Anything else is a file like any other, whatever its name."""
+    if name[:1] != "." or not LEFT_BY_WRITE.fullmatch(name):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, 64).lstrip()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return head[:1] in (b"", b"{")
+
+
 def _list_local(
-    root: str, stamps: dict[str, str] | None = None, versions: dict[str, Version] | None = None
+    root: str,
+    stamps: dict[str, str] | None = None,
+    versions: dict[str, Version] | None = None,
+    leftovers: bool = False,
 ) -> dict[str, int]:
     if not os.path.isdir(root):
         if os.path.exists(root):
@@ -219,12 +252,16 @@ def _list_local(
                     todo.append((entry.path, f"{prefix}{entry.name}/"))
                     continue
                 name = prefix + entry.name
-                if not prefix and (name in NOT_CONTENT or (name[0] == "." and LEFT_BY_WRITE.fullmatch(name))):
-                    if name not in NOT_CONTENT:
-                        log.warning(
-                            "skipping %s: left by an interrupted write of the manifest (delete it)", printable(name)
-                        )
+                if not prefix and name in NOT_CONTENT:
                     continue
+                if not prefix and not link and name[0] == "." and is_leftover(entry.path, name):
+                    log.warning(
+                        "%s %s: left by an interrupted write of the manifest or signature (delete it)",
+                        "listing" if leftovers else "skipping",
+                        printable(name),
+                    )
+                    if not leftovers:
+                        continue
                 try:
                     if link:
                         target = os.path.realpath(entry.path)
@@ -254,6 +291,34 @@ def _list_local(
                     versions[name] = local_identity(st)
     names = sorted(out)
     return dict(zip(names, map(out.__getitem__, names), strict=True))
+
+
+def file_folder_clashes(names: Iterable[str]) -> list[tuple[str, str]]:
+    """Each name that is also a folder of another (an object store holds ``sub`` and ``sub/x``
+    side by side; a local directory cannot): ``(file, a name under it)``, sorted."""
+    files = set(names)
+    found: dict[str, str] = {}
+    for name in files:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in files:
+                found[parent] = min(found.get(parent, name), name)
+    return sorted(found.items())
+
+
+def check_no_clashes(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str], what: str) -> None:
+    """``ValueError`` naming a file that is also a folder in the listing of ``root`` (see
+    :func:`file_folder_clashes`): such a tree cannot be copied to a local disk. ``what``: the
+    refused operation, for the message (``"seal"``, ``"download"``)."""
+    clashes = file_folder_clashes(names)
+    if not clashes:
+        return
+    shown = "; ".join(f"{printable(f)!r} is a file and also a folder holding {printable(u)!r}" for f, u in clashes[:5])
+    more = f"; and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+    raise ValueError(
+        f"cannot {what} {describe(fs, root)}: {shown}{more} (a local directory cannot hold both: rename one)"
+    )
 
 
 def kind_of(mode: int) -> str:
