@@ -234,13 +234,18 @@ def test_upload_and_copy_refuse_a_sealed_destination_unless_overwrite(src: Path,
 
 
 def test_failed_overwrite_leaves_the_destination_unsealed(src: Path, s3_backend: Backend) -> None:
+    """The old manifest goes first; the files the failed upload wrote (over old ones of the same
+    names too) are deleted; the old files it never touched stay."""
+    (src / "old-only.bin").write_bytes(b"only in the old checkpoint")
     uploaded(src, s3_backend)
+    (src / "old-only.bin").unlink()
     ifs.seal(src)
     (src / "optim.bin").write_bytes(b"X" + FILES["optim.bin"][1:])
     with pytest.raises(IntegrityError):
-        uploaded(src, s3_backend, overwrite=True)
+        uploaded(src, s3_backend, overwrite=True, max_workers=1)
     with pytest.raises(ManifestNotFoundError):  # never the old manifest over a mix of old and new files
         ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options)
+    assert s3_backend.listdir() == ["old-only.bin"]
 
 
 @pytest.mark.parametrize("kind", ["non-empty dir", "file", "symlink to empty dir", "dangling symlink"])
@@ -328,27 +333,46 @@ def test_strict_download_fails_on_files_the_manifest_does_not_list(
     assert report.extra == ("stray.bin",) and not (tmp_path / "lax" / "stray.bin").exists()
 
 
-def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(
-    src: Path, s3_backend: Backend, tmp_path: Path
+@pytest.mark.parametrize("first", ["file", "folder"])
+def test_a_file_and_a_folder_of_one_name_are_refused_before_anything_is_transferred(
+    s3_backend: Backend, tmp_path: Path, first: str
 ) -> None:
-    """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force")."""
-    s3_backend.write("a", b"an object, the larger: written first")
-    s3_backend.write("a/b", b"one under its name")  # intact on S3, impossible on a local disk
+    """S3 holds a key ``sub`` and a key ``sub/x``, which seal and verify; a local directory cannot
+    hold both (issue 16): a ValueError naming both, not an IsADirectoryError naming the staging
+    directory, and nothing read or written."""
+    big, small = (b"a larger object, written first", b"small") if first == "file" else (b"s", b"a larger object")
+    s3_backend.write("sub", big)
+    s3_backend.write("sub/x", small)
+    s3_backend.write("other.bin", b"other")
     ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
-    with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
-        ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, max_workers=1)
-    assert sorted(os.listdir(tmp_path)) == ["src"]
+    for how in ("download", "copy"):
+        seen = Recorder()
+        with pytest.raises(ValueError, match=r"'sub'.*'sub/x'"):
+            if how == "download":
+                ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, callback=seen)
+            else:
+                ifs.copy(s3_backend.url, tmp_path / "d", src_options=s3_backend.storage_options, callback=seen)
+        assert seen.sizes == [] and os.listdir(tmp_path) == []
+    copied = f"{s3_backend.url}-copy"  # object store to object store: both names are fine there
+    options = s3_backend.storage_options
+    assert ifs.copy(s3_backend.url, copied, src_options=options, dst_options=options).files_checked == 3
 
+
+def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(
+    src: Path, tmp_path: Path
+) -> None:
+    """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force").
+    The files already copied are deleted; the file in the way, which was there before, stays."""
     ifs.seal(src)
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "sub").write_bytes(b"in the way of sub/meta.json")
     err_stream = io.StringIO()  # not capsys: main() leaves its log handler on this stream
     with contextlib.redirect_stderr(err_stream), contextlib.redirect_stdout(io.StringIO()):
-        assert main(["copy", str(src), str(dst)]) == 4
+        assert main(["copy", str(src), str(dst), "--workers", "1"]) == 4
     err = err_stream.getvalue()
     assert "is a file, not a directory" in err and "--force" not in err and "failed 3 times" not in err
-    assert not (dst / MANIFEST_FILENAME).exists()
+    assert tree(dst) == {"sub": b"in the way of sub/meta.json"}  # model.bin, optim.bin were copied first
 
 
 def test_download_dest_must_be_local(src: Path, s3_backend: Backend) -> None:
