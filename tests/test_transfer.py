@@ -358,9 +358,7 @@ def test_a_file_and_a_folder_of_one_name_are_refused_before_anything_is_transfer
     assert ifs.copy(s3_backend.url, copied, src_options=options, dst_options=options).files_checked == 3
 
 
-def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(
-    src: Path, tmp_path: Path
-) -> None:
+def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(src: Path, tmp_path: Path) -> None:
     """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force").
     The files already copied are deleted; the file in the way, which was there before, stays."""
     ifs.seal(src)
@@ -464,3 +462,44 @@ def test_a_destination_inside_the_local_source_is_refused_and_the_source_left_al
         getattr(ifs, how)(src, inside)
     assert tree(src) == before
     assert sorted(p.name for p in src.rglob("*") if p.is_dir()) == ["sub"]
+
+
+def test_the_transfer_contract_end_to_end(src: Path, s3_backend: Backend, tmp_path: Path) -> None:
+    """SPEC "Transfer": callbacks count file content only (not the manifest, not model.sig), over
+    all three; upload of a sealed source carries its model.sig unchanged; upload(overwrite=True)
+    removes the old manifest and model.sig before it sends a byte."""
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    content = sum(map(len, FILES.values()))
+    ifs.seal(src, private_key=ec.generate_private_key(ec.SECP256R1()))
+    signature = (src / ifs.SIGNATURE_FILENAME).read_bytes()
+    options = s3_backend.storage_options
+    seen = {how: Recorder() for how in ("upload", "download", "copy")}
+    uploaded(src, s3_backend, callback=seen["upload"])
+    assert s3_backend.read(ifs.SIGNATURE_FILENAME) == signature
+    ifs.download(s3_backend.url, tmp_path / "down", storage_options=options, callback=seen["download"])
+    ifs.copy(s3_backend.url, tmp_path / "copy", src_options=options, callback=seen["copy"])
+    for how, recorder in seen.items():
+        assert recorder.sizes == [content] and recorder.done == content, how
+    for root in (tmp_path / "down", tmp_path / "copy"):
+        assert (root / ifs.SIGNATURE_FILENAME).read_bytes() == signature
+
+    at_start: list[list[str]] = []
+
+    class Look(Recorder):
+        def set_size(self, size: int | None) -> None:
+            at_start.append(s3_backend.listdir())
+            super().set_size(size)
+
+        def relative_update(self, inc: int = 1) -> None:
+            if len(at_start) == 1:
+                at_start.append(s3_backend.listdir())
+            super().relative_update(inc)
+
+    (src / MANIFEST_FILENAME).unlink()
+    (src / ifs.SIGNATURE_FILENAME).unlink()
+    uploaded(src, s3_backend, overwrite=True, callback=Look())
+    assert all(MANIFEST_FILENAME not in names and ifs.SIGNATURE_FILENAME not in names for names in at_start)
+    assert len(at_start) == 2 and set(at_start[0]) == set(FILES)  # the old files are still there, unsealed
+    assert sorted(s3_backend.listdir()) == sorted([*FILES, MANIFEST_FILENAME])

@@ -674,3 +674,106 @@ def test_download_whose_staging_directory_is_removed_meanwhile_is_never_ok(tmp_p
         ifs.download(src, dest, max_workers=1, callback=RemoveStaging())
     assert not isinstance(err.value, IntegrityError)
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- durable before declared done
+
+
+class _Syscalls:
+    """Records each fsync (the path its descriptor is open on) and each rename, in order; both
+    still do what they do."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[str, str]] = []
+        fsync, rename, replace = os.fsync, os.rename, os.replace
+
+        def traced_fsync(fd: int) -> None:
+            fsync(fd)
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+        def traced_rename(a: Any, b: Any, *args: Any, **kwargs: Any) -> None:
+            rename(a, b, *args, **kwargs)
+            self.events.append(("rename", os.fspath(b)))
+
+        def traced_replace(a: Any, b: Any, *args: Any, **kwargs: Any) -> None:
+            replace(a, b, *args, **kwargs)
+            self.events.append(("rename", os.fspath(b)))
+
+        monkeypatch.setattr(os, "fsync", traced_fsync)
+        monkeypatch.setattr(os, "rename", traced_rename)
+        monkeypatch.setattr(os, "replace", traced_replace)
+
+    def first(self, kind: str, match: Callable[[str], bool]) -> int:
+        return self._all(kind, match)[0]
+
+    def last(self, kind: str, match: Callable[[str], bool]) -> int:
+        return self._all(kind, match)[-1]
+
+    def _all(self, kind: str, match: Callable[[str], bool]) -> list[int]:
+        found = [i for i, (k, path) in enumerate(self.events) if k == kind and match(path)]
+        assert found, f"no {kind} of a matching path in {self.events}"
+        return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name a descriptor's file")
+@pytest.mark.parametrize("how", ["download", "download into an empty dir", "copy", "upload"])
+def test_a_local_transfer_is_fsynced_before_its_manifest_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Issue 12: after a power loss, a manifest never sits over torn files. Every file written, and
+    every directory that gained an entry, is fsynced before the manifest is renamed into place;
+    the manifest itself, and where the checkpoint was renamed to, before the call returns."""
+    src = tmp_path / "src"
+    names = ["w.bin", "sub/deep/x.bin", "sub/y.bin", "empty"]
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(os.urandom(5000) if name != "empty" else b"")
+    if how != "upload":
+        ifs.seal(src)
+    out = tmp_path / "out"  # created by the transfer, as is everything under it
+    dest = out / "dest"
+    if how == "download into an empty dir":
+        dest.mkdir(parents=True)
+    calls = _Syscalls(monkeypatch)
+    if how.startswith("download"):
+        ifs.download(src, dest)
+    elif how == "copy":
+        ifs.copy(src, dest)
+    else:
+        ifs.upload(src, dest)
+    monkeypatch.undo()
+    staged = how.startswith("download")
+
+    def written(name: str) -> Callable[[str], bool]:
+        """Matches the path where ``name`` (a file or folder of the checkpoint, "" its root) was written."""
+
+        def match(path: str) -> bool:
+            parts = path.split("/")
+            if staged:
+                at = [i for i, part in enumerate(parts) if STAGING_MARK in part]
+                return bool(at) and "/".join(parts[at[0] + 1 :]) == name
+            return path == os.path.join(dest, name).rstrip("/")
+
+        return match
+
+    manifest_lands = calls.first("rename", written(MANIFEST_FILENAME))
+    for name in [*names, "sub", "sub/deep", ""]:  # the files, the folders, the root
+        assert calls.first("fsync", written(name)) < manifest_lands, name
+    assert calls.first("fsync", lambda path: f"/.{MANIFEST_FILENAME}." in path) < manifest_lands  # its temp file
+    if how == "download":
+        moved = calls.first("rename", lambda path: path == str(dest))
+        assert moved > manifest_lands and calls.last("fsync", lambda path: path == str(out)) > moved
+        assert calls.first("fsync", lambda path: path == str(tmp_path)) >= 0  # holds the entry of `out`
+    elif how == "download into an empty dir":
+        moved = calls.first("rename", lambda path: path == str(dest / MANIFEST_FILENAME))  # moved up last
+        assert calls.last("fsync", lambda path: path == str(dest)) > moved
+    else:
+        assert calls.last("fsync", lambda path: path == str(dest)) > manifest_lands
+        assert calls.first("fsync", lambda path: path == str(out)) < manifest_lands  # holds the entry of dest
+        assert calls.first("fsync", lambda path: path == str(tmp_path)) < manifest_lands  # holds that of out
+    content = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    content.pop(MANIFEST_FILENAME, None)
+    assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == {
+        **content,
+        MANIFEST_FILENAME: (dest / MANIFEST_FILENAME).read_bytes(),
+    }

@@ -9,6 +9,7 @@ file and directory fsynced) and to check it is still in place before the manifes
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import logging
@@ -324,13 +325,14 @@ class Written:
 def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[str]:
     """Delete ``paths`` (those already gone are fine); the ones that could not be deleted.
 
-    S3 deletes up to 1,000 objects per request; elsewhere one file at a time.
+    S3 deletes up to 1,000 objects per request; other object stores one per request, several at
+    once; local disks one after the other.
     """
     todo = list(paths)
     if s3.is_s3(fs) and todo:
         return s3.delete_objects(fs, todo)
-    left: list[str] = []
-    for path in todo:
+
+    def gone(path: str) -> bool:
         try:
             if is_local(fs):
                 with contextlib.suppress(FileNotFoundError):
@@ -338,8 +340,17 @@ def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[st
             else:
                 remove_file(fs, path)
         except Exception:
-            left.append(path)
-    return left
+            return False
+        return True
+
+    if is_local(fs) or len(todo) < 2:
+        return [path for path in todo if not gone(path)]
+    with concurrent.futures.ThreadPoolExecutor(min(_DELETERS, len(todo)), thread_name_prefix="integrity_fs") as pool:
+        return [path for path, ok in zip(todo, pool.map(gone, todo), strict=True) if not ok]
+
+
+#: Deletions in flight at once on object stores that delete one object per request.
+_DELETERS = 16
 
 
 def sync_dirs(directories: Iterable[str]) -> None:
