@@ -544,20 +544,27 @@ def test_ctrl_c_after_some_files_were_written_leaves_nothing(backend: Backend, t
     assert backend.listdir() == []
 
 
+@pytest.mark.parametrize("refused", ["z.txt", ifs.SIGNATURE_FILENAME])
 def test_a_storage_error_on_the_destination_leaves_nothing(
-    s3_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str
 ) -> None:
-    """A PUT refused after other files went up: those are deleted, and the error is the storage's."""
+    """A PUT refused after other files went up (the last file; the signature, written after the
+    manifest): what was written is deleted, and the error is the storage's."""
     src = _damaged_source(tmp_path)
     (src / "z.txt").write_bytes(b"the last file")
+    if refused == ifs.SIGNATURE_FILENAME:
+        pytest.importorskip("cryptography")
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        ifs.seal(src, overwrite=True, private_key=ec.generate_private_key(ec.SECP256R1()))
     call_s3 = s3_backend.fs._call_s3
 
-    async def refuse_z(method: str, *args: Any, **kwargs: Any) -> Any:
-        if method == "put_object" and kwargs.get("Key", "").endswith("z.txt"):
+    async def refuse(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "put_object" and kwargs.get("Key", "").endswith(refused):
             raise PermissionError("access denied")
         return await call_s3(method, *args, **kwargs)
 
-    monkeypatch.setattr(s3_backend.fs, "_call_s3", refuse_z)
+    monkeypatch.setattr(s3_backend.fs, "_call_s3", refuse)
     with pytest.raises(PermissionError):
         ifs.copy(src, s3_backend.url, dst_options=s3_backend.storage_options, max_workers=1)
     monkeypatch.undo()
