@@ -235,13 +235,18 @@ def test_upload_and_copy_refuse_a_sealed_destination_unless_overwrite(src: Path,
 
 
 def test_failed_overwrite_leaves_the_destination_unsealed(src: Path, s3_backend: Backend) -> None:
+    """The old manifest goes first; the files the failed upload wrote (over old ones of the same
+    names too) are deleted; the old files it never touched stay."""
+    (src / "old-only.bin").write_bytes(b"only in the old checkpoint")
     uploaded(src, s3_backend)
+    (src / "old-only.bin").unlink()
     ifs.seal(src)
     (src / "optim.bin").write_bytes(b"X" + FILES["optim.bin"][1:])
     with pytest.raises(IntegrityError):
-        uploaded(src, s3_backend, overwrite=True)
+        uploaded(src, s3_backend, overwrite=True, max_workers=1)
     with pytest.raises(ManifestNotFoundError):  # never the old manifest over a mix of old and new files
         ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options)
+    assert s3_backend.listdir() == ["old-only.bin"]
 
 
 @pytest.mark.parametrize("kind", ["non-empty dir", "file", "symlink to empty dir", "dangling symlink"])
@@ -329,28 +334,47 @@ def test_strict_download_fails_on_files_the_manifest_does_not_list(
     assert report.extra == ("stray.bin",) and not (tmp_path / "lax" / "stray.bin").exists()
 
 
-def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(
-    src: Path, s3_backend: Backend, tmp_path: Path
+@pytest.mark.parametrize("first", ["file", "folder"])
+def test_a_file_and_a_folder_of_one_name_are_refused_before_anything_is_transferred(
+    s3_backend: Backend, tmp_path: Path, first: str
 ) -> None:
-    """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force")."""
-    s3_backend.write("a", b"an object, the larger: written first")
-    s3_backend.write("a/b", b"one under its name")  # intact on S3, impossible on a local disk
-    files = {name: hashlib.sha256(s3_backend.read(name)).hexdigest() for name in ("a", "a/b")}
-    s3_backend.write(MANIFEST_FILENAME, ifs.Manifest(files=files).to_json())  # seal refuses such a tree
-    with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
-        ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, max_workers=1)
-    assert sorted(os.listdir(tmp_path)) == ["src"]
+    """S3 holds a key ``sub`` and a key ``sub/x``, which seal and verify; a local directory cannot
+    hold both: a ValueError naming both, not an IsADirectoryError naming the staging
+    directory, and nothing read or written."""
+    big, small = (b"a larger object, written first", b"small") if first == "file" else (b"s", b"a larger object")
+    s3_backend.write("sub", big)
+    s3_backend.write("sub/x", small)
+    s3_backend.write("other.bin", b"other")
+    names = ("sub", "sub/x", "other.bin")
+    files = {name: hashlib.sha256(s3_backend.read(name)).hexdigest() for name in names}
+    sizes = {name: len(s3_backend.read(name)) for name in names}
+    s3_backend.write(MANIFEST_FILENAME, ifs.Manifest(files=files, sizes=sizes).to_json())  # seal refuses such a tree
+    for how in ("download", "copy"):
+        seen = Recorder()
+        with pytest.raises(ValueError, match=r"'sub'.*'sub/x'"):
+            if how == "download":
+                ifs.download(s3_backend.url, tmp_path / "d", storage_options=s3_backend.storage_options, callback=seen)
+            else:
+                ifs.copy(s3_backend.url, tmp_path / "d", src_options=s3_backend.storage_options, callback=seen)
+        assert seen.sizes == [] and os.listdir(tmp_path) == []
+    copied = f"{s3_backend.url}-copy"  # object store to object store: both names are fine there
+    options = s3_backend.storage_options
+    assert ifs.copy(s3_backend.url, copied, src_options=options, dst_options=options).files_checked == 3
 
+
+def test_a_file_where_the_destination_needs_a_directory_is_an_io_error_not_a_refusal(src: Path, tmp_path: Path) -> None:
+    """os.makedirs says FileExistsError, which the CLI reports as a refused DEST (exit 2, "--force").
+    The files already copied are deleted; the file in the way, which was there before, stays."""
     ifs.seal(src)
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "sub").write_bytes(b"in the way of sub/meta.json")
     err_stream = io.StringIO()  # not capsys: main() leaves its log handler on this stream
     with contextlib.redirect_stderr(err_stream), contextlib.redirect_stdout(io.StringIO()):
-        assert main(["copy", str(src), str(dst)]) == 4
+        assert main(["copy", str(src), str(dst), "--workers", "1"]) == 4
     err = err_stream.getvalue()
     assert "is a file, not a directory" in err and "--force" not in err and "failed 3 times" not in err
-    assert not (dst / MANIFEST_FILENAME).exists()
+    assert tree(dst) == {"sub": b"in the way of sub/meta.json"}  # model.bin, optim.bin were copied first
 
 
 def test_download_dest_must_be_local(src: Path, s3_backend: Backend) -> None:
@@ -442,3 +466,44 @@ def test_a_destination_inside_the_local_source_is_refused_and_the_source_left_al
         getattr(ifs, how)(src, inside)
     assert tree(src) == before
     assert sorted(p.name for p in src.rglob("*") if p.is_dir()) == ["sub"]
+
+
+def test_the_transfer_contract_end_to_end(src: Path, s3_backend: Backend, tmp_path: Path) -> None:
+    """SPEC "Transfer": callbacks count file content only (not the manifest, not model.sig), over
+    all three; upload of a sealed source carries its model.sig unchanged; upload(overwrite=True)
+    removes the old manifest and model.sig before it sends a byte."""
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    content = sum(map(len, FILES.values()))
+    ifs.seal(src, private_key=ec.generate_private_key(ec.SECP256R1()))
+    signature = (src / ifs.SIGNATURE_FILENAME).read_bytes()
+    options = s3_backend.storage_options
+    seen = {how: Recorder() for how in ("upload", "download", "copy")}
+    uploaded(src, s3_backend, callback=seen["upload"])
+    assert s3_backend.read(ifs.SIGNATURE_FILENAME) == signature
+    ifs.download(s3_backend.url, tmp_path / "down", storage_options=options, callback=seen["download"])
+    ifs.copy(s3_backend.url, tmp_path / "copy", src_options=options, callback=seen["copy"])
+    for how, recorder in seen.items():
+        assert recorder.sizes == [content] and recorder.done == content, how
+    for root in (tmp_path / "down", tmp_path / "copy"):
+        assert (root / ifs.SIGNATURE_FILENAME).read_bytes() == signature
+
+    at_start: list[list[str]] = []
+
+    class Look(Recorder):
+        def set_size(self, size: int | None) -> None:
+            at_start.append(s3_backend.listdir())
+            super().set_size(size)
+
+        def relative_update(self, inc: int = 1) -> None:
+            if len(at_start) == 1:
+                at_start.append(s3_backend.listdir())
+            super().relative_update(inc)
+
+    (src / MANIFEST_FILENAME).unlink()
+    (src / ifs.SIGNATURE_FILENAME).unlink()
+    uploaded(src, s3_backend, overwrite=True, callback=Look())
+    assert all(MANIFEST_FILENAME not in names and ifs.SIGNATURE_FILENAME not in names for names in at_start)
+    assert len(at_start) == 2 and set(at_start[0]) == set(FILES)  # the old files are still there, unsealed
+    assert sorted(s3_backend.listdir()) == sorted([*FILES, MANIFEST_FILENAME])

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -429,7 +430,7 @@ def test_an_interrupted_stream_is_not_committed_as_a_shorter_file(store: str, re
     (src / "a.bin").write_bytes(os.urandom(3 * 2**20))
     ifs.seal(src)
     if store == "local":
-        url, options, listdir = str(tmp_path / "dst"), None, lambda: sorted(os.listdir(tmp_path / "dst"))
+        url, options, listdir = str(tmp_path / "dst"), None, lambda: sorted(os.listdir(tmp_path))
     else:
         b: Backend = request.getfixturevalue(store)
         url, options, listdir = b.url, b.storage_options, b.listdir
@@ -440,7 +441,7 @@ def test_an_interrupted_stream_is_not_committed_as_a_shorter_file(store: str, re
 
     with pytest.raises(KeyboardInterrupt):
         ifs.copy(src, url, dst_options=options, callback=InterruptMidFile())
-    assert "a.bin" not in listdir()
+    assert "a.bin" not in listdir() and "dst" not in listdir()
 
 
 @pytest.mark.timeout(60)
@@ -468,3 +469,318 @@ def test_cli_download_exits_at_once_on_sigint_during_a_stalled_read(
     assert elapsed < 2.0
     assert not (tmp_path / "out").exists() or not [n for n in os.listdir(tmp_path / "out") if STAGING_MARK in n]
     assert not dest.exists()
+
+
+# --------------------------------------------------------------------------- a failed transfer leaves nothing
+
+BIG, MID = os.urandom(300_000), os.urandom(70_000)
+
+
+def _damaged_source(tmp_path: Path) -> Path:
+    """A sealed local checkpoint whose smallest file (copied last, one worker) no longer matches."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "big.bin").write_bytes(BIG)
+    (src / "sub" / "mid.bin").write_bytes(MID)
+    (src / "z.txt").write_bytes(b"the last file")
+    ifs.seal(src)
+    (src / "z.txt").write_bytes(b"the LAST file")
+    return src
+
+
+@pytest.mark.parametrize("how", ["copy", "upload"])
+def test_a_transfer_that_fails_verification_leaves_nothing_of_its_own(
+    backend: Backend, tmp_path: Path, how: str
+) -> None:
+    """Issue 8: the files sent before the damage was found are deleted, on every backend; a file
+    that was there before and that the transfer did not touch stays. One that it overwrote is
+    deleted too (its old bytes were gone): docs/transfer.md says so."""
+    src = _damaged_source(tmp_path)
+    backend.write("keep.txt", b"was there before")
+    backend.write("sub/mid.bin", b"an old file of the same name")
+    with pytest.raises(IntegrityError, match=r"z\.txt"):
+        if how == "copy":
+            ifs.copy(src, backend.url, dst_options=backend.storage_options, max_workers=1)
+        else:
+            ifs.upload(src, backend.url, storage_options=backend.storage_options, max_workers=1)
+    assert backend.listdir() == ["keep.txt"]
+    with pytest.raises(ifs.ManifestNotFoundError):
+        ifs.verify(backend.url, storage_options=backend.storage_options)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["copy", "upload"])
+def test_ctrl_c_after_some_files_were_written_leaves_nothing(backend: Backend, tmp_path: Path, how: str) -> None:
+    src = _damaged_source(tmp_path)
+    (src / "z.txt").write_bytes(b"the last file")  # intact: the interruption is what stops it
+    if how == "upload":
+        (src / MANIFEST_FILENAME).unlink()  # and sealed on the way
+
+    class InterruptInTheSecondFile(Callback):  # type: ignore[misc]
+        done = 0
+
+        def relative_update(self, inc: int = 1) -> None:
+            self.done += inc
+            if self.done > len(BIG):  # big.bin is written (closed), sub/mid.bin on its way
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        if how == "copy":
+            ifs.copy(
+                src,
+                backend.url,
+                dst_options=backend.storage_options,
+                max_workers=1,
+                callback=InterruptInTheSecondFile(),
+            )
+        else:
+            ifs.upload(
+                src,
+                backend.url,
+                storage_options=backend.storage_options,
+                max_workers=1,
+                callback=InterruptInTheSecondFile(),
+            )
+    assert backend.listdir() == []
+
+
+@pytest.mark.parametrize("refused", ["z.txt", ifs.SIGNATURE_FILENAME])
+def test_a_storage_error_on_the_destination_leaves_nothing(
+    s3_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str
+) -> None:
+    """A PUT refused after other files went up (the last file; the signature, written after the
+    manifest): what was written is deleted, and the error is the storage's."""
+    src = _damaged_source(tmp_path)
+    (src / "z.txt").write_bytes(b"the last file")
+    if refused == ifs.SIGNATURE_FILENAME:
+        pytest.importorskip("cryptography")
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        ifs.seal(src, overwrite=True, private_key=ec.generate_private_key(ec.SECP256R1()))
+    call_s3 = s3_backend.fs._call_s3
+
+    async def refuse(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "put_object" and kwargs.get("Key", "").endswith(refused):
+            raise PermissionError("access denied")
+        return await call_s3(method, *args, **kwargs)
+
+    monkeypatch.setattr(s3_backend.fs, "_call_s3", refuse)
+    with pytest.raises(PermissionError):
+        ifs.copy(src, s3_backend.url, dst_options=s3_backend.storage_options, max_workers=1)
+    monkeypatch.undo()
+    assert s3_backend.listdir() == []
+
+
+@pytest.mark.parametrize("how", ["copy", "upload"])
+def test_a_destination_that_is_not_there_is_a_storage_error_never_damage(
+    s3_backend: Backend, tmp_path: Path, how: str
+) -> None:
+    """A bucket that does not exist made every file "missing" (an IntegrityError about the source)."""
+    src = _damaged_source(tmp_path)
+    (src / "z.txt").write_bytes(b"the last file")
+    url = "s3://no-such-bucket-integrity/run"
+    with pytest.raises(OSError, match="no-such-bucket-integrity") as err:
+        if how == "copy":
+            ifs.copy(src, url, dst_options=s3_backend.storage_options)
+        else:
+            ifs.upload(src, url, storage_options=s3_backend.storage_options)
+    assert not isinstance(err.value, IntegrityError)
+
+
+# --------------------------------------------------------------------------- overlap, from where the bytes live
+
+
+def _signed_at(backend: Backend, tmp_path: Path) -> dict[str, bytes]:
+    pytest.importorskip("cryptography")
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    backend.write("w.bin", DATA)
+    backend.write("sub/x.bin", b"x")
+    ifs.seal(backend.url, storage_options=backend.storage_options, private_key=ec.generate_private_key(ec.SECP256R1()))
+    return {name: backend.read(name) for name in backend.listdir()}
+
+
+@pytest.mark.parametrize("into", ["itself", "a prefix inside"])
+def test_copy_onto_its_own_prefix_through_other_options_is_refused(backend: Backend, tmp_path: Path, into: str) -> None:
+    """Issue 10: one extra option gives another filesystem object for the same store. It was not
+    refused, and (overwrite) deleted the source's manifest and model.sig before copying."""
+    before = _signed_at(backend, tmp_path)
+    extra = {
+        "s3": {"default_block_size": 2**22},
+        "gcs": {"default_block_size": 2**22},
+        "memory": {"skip_instance_cache": True},
+        "local": {"auto_mkdir": True},
+    }[backend.name]
+    dst = backend.url if into == "itself" else f"{backend.url}/sub/copy"
+    with pytest.raises(ValueError, match="overlap"):
+        ifs.copy(
+            backend.url,
+            dst,
+            src_options=backend.storage_options,
+            dst_options={**backend.storage_options, **extra},
+            overwrite=True,
+        )
+    assert {name: backend.read(name) for name in backend.listdir()} == before
+
+
+def test_endpoints_name_stores_loopback_aliases_included(s3_backend: Backend, s3_endpoint: str) -> None:
+    """``localhost`` and ``127.0.0.1`` are one server; another server (its own process: moto's
+    servers in one process share their buckets) is another store, even for the same bucket and key."""
+    from conftest import BUCKET
+
+    _sealed(s3_backend, {"w.bin": DATA})
+    alias = {
+        **s3_backend.storage_options,
+        "client_kwargs": {"endpoint_url": s3_endpoint.replace("127.0.0.1", "localhost")},
+    }
+    with pytest.raises(ValueError, match="overlap"):
+        ifs.copy(s3_backend.url, f"{s3_backend.url}/inside", src_options=s3_backend.storage_options, dst_options=alias)
+    serve = (
+        "import sys; from moto.server import ThreadedMotoServer; s = ThreadedMotoServer(ip_address='127.0.0.1', "
+        "port=0, verbose=False); s.start(); print(s.get_host_and_port()[1], flush=True); sys.stdin.read()"
+    )
+    other = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None
+        port = int(other.stdout.readline())
+        options = {**s3_backend.storage_options, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+        fsspec.filesystem("s3", **options).mkdir(BUCKET)
+        report = ifs.copy(s3_backend.url, s3_backend.url, src_options=s3_backend.storage_options, dst_options=options)
+        assert report.ok and ifs.verify(s3_backend.url, storage_options=options).ok
+    finally:
+        other.kill()
+        other.wait()
+
+
+# --------------------------------------------------------------------------- download: DEST holds what was verified
+
+
+@pytest.mark.parametrize("layout", ["in folders", "at the top"])
+def test_download_whose_staging_directory_is_removed_meanwhile_is_never_ok(tmp_path: Path, layout: str) -> None:
+    """Issue 11: the staging directory removed while the first file is written. Later files
+    recreated it (as the folder they go in), the manifest went over them, and the download
+    returned OK with DEST holding the manifest and only the files written after the removal."""
+    src = tmp_path / "src"
+    names = ["a/1.bin", "b/2.bin", "c/3.bin"] if layout == "in folders" else ["1.bin", "2.bin", "3.bin"]
+    for i, name in enumerate(names):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(os.urandom(300_000 - i))
+    ifs.seal(src)
+    dest = tmp_path / "out" / "dest"
+
+    class RemoveStaging(Callback):  # type: ignore[misc]
+        removed = False
+
+        def relative_update(self, inc: int = 1) -> None:
+            if not self.removed:
+                self.removed = True
+                (staged,) = [p for p in (tmp_path / "out").iterdir() if STAGING_MARK in p.name]
+                shutil.rmtree(staged)
+
+    with pytest.raises(OSError, match="removed or replaced|not there") as err:
+        ifs.download(src, dest, max_workers=1, callback=RemoveStaging())
+    assert not isinstance(err.value, IntegrityError)
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- durable before declared done
+
+
+class _Syscalls:
+    """Records each fsync (the path its descriptor is open on) and each rename, in order; both
+    still do what they do."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[str, str]] = []
+        fsync, rename, replace = os.fsync, os.rename, os.replace
+
+        def traced_fsync(fd: int) -> None:
+            fsync(fd)
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+        def traced_rename(a: Any, b: Any, *args: Any, **kwargs: Any) -> None:
+            rename(a, b, *args, **kwargs)
+            self.events.append(("rename", os.fspath(b)))
+
+        def traced_replace(a: Any, b: Any, *args: Any, **kwargs: Any) -> None:
+            replace(a, b, *args, **kwargs)
+            self.events.append(("rename", os.fspath(b)))
+
+        monkeypatch.setattr(os, "fsync", traced_fsync)
+        monkeypatch.setattr(os, "rename", traced_rename)
+        monkeypatch.setattr(os, "replace", traced_replace)
+
+    def first(self, kind: str, match: Callable[[str], bool]) -> int:
+        return self._all(kind, match)[0]
+
+    def last(self, kind: str, match: Callable[[str], bool]) -> int:
+        return self._all(kind, match)[-1]
+
+    def _all(self, kind: str, match: Callable[[str], bool]) -> list[int]:
+        found = [i for i, (k, path) in enumerate(self.events) if k == kind and match(path)]
+        assert found, f"no {kind} of a matching path in {self.events}"
+        return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name a descriptor's file")
+@pytest.mark.parametrize("how", ["download", "download into an empty dir", "copy", "upload"])
+def test_a_local_transfer_is_fsynced_before_its_manifest_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Issue 12: after a power loss, a manifest never sits over torn files. Every file written, and
+    every directory that gained an entry, is fsynced before the manifest is renamed into place;
+    the manifest itself, and where the checkpoint was renamed to, before the call returns."""
+    src = tmp_path / "src"
+    names = ["w.bin", "sub/deep/x.bin", "sub/y.bin", "empty"]
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(os.urandom(5000) if name != "empty" else b"")
+    if how != "upload":
+        ifs.seal(src)
+    out = tmp_path / "out"  # created by the transfer, as is everything under it
+    dest = out / "dest"
+    if how == "download into an empty dir":
+        dest.mkdir(parents=True)
+    calls = _Syscalls(monkeypatch)
+    if how.startswith("download"):
+        ifs.download(src, dest)
+    elif how == "copy":
+        ifs.copy(src, dest)
+    else:
+        ifs.upload(src, dest)
+    monkeypatch.undo()
+    staged = how.startswith("download")
+
+    def written(name: str) -> Callable[[str], bool]:
+        """Matches the path where ``name`` (a file or folder of the checkpoint, "" its root) was written."""
+
+        def match(path: str) -> bool:
+            parts = path.split("/")
+            if staged:
+                at = [i for i, part in enumerate(parts) if STAGING_MARK in part]
+                return bool(at) and "/".join(parts[at[0] + 1 :]) == name
+            return path == os.path.join(dest, name).rstrip("/")
+
+        return match
+
+    manifest_lands = calls.first("rename", written(MANIFEST_FILENAME))
+    for name in [*names, "sub", "sub/deep", ""]:  # the files, the folders, the root
+        assert calls.first("fsync", written(name)) < manifest_lands, name
+    assert calls.first("fsync", lambda path: f"/.{MANIFEST_FILENAME}." in path) < manifest_lands  # its temp file
+    if how == "download":
+        moved = calls.first("rename", lambda path: path == str(dest))
+        assert moved > manifest_lands and calls.last("fsync", lambda path: path == str(out)) > moved
+        assert calls.first("fsync", lambda path: path == str(tmp_path)) >= 0  # holds the entry of `out`
+    elif how == "download into an empty dir":
+        moved = calls.first("rename", lambda path: path == str(dest / MANIFEST_FILENAME))  # moved up last
+        assert calls.last("fsync", lambda path: path == str(dest)) > moved
+    else:
+        assert calls.last("fsync", lambda path: path == str(dest)) > manifest_lands
+        assert calls.first("fsync", lambda path: path == str(out)) < manifest_lands  # holds the entry of dest
+        assert calls.first("fsync", lambda path: path == str(tmp_path)) < manifest_lands  # holds that of out
+    content = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    content.pop(MANIFEST_FILENAME, None)
+    assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == {
+        **content,
+        MANIFEST_FILENAME: (dest / MANIFEST_FILENAME).read_bytes(),
+    }

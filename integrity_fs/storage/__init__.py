@@ -4,6 +4,7 @@ pinned, retried reader) and writing (atomic, checksummed, never half-committed).
 Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
+from .copying import copy_file
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import (
     NOT_CONTENT,
@@ -29,8 +30,18 @@ from .read import (
     open_range,
     read_file,
 )
-from .urls import beneath_caches, describe, is_local, join, local_filesystem, resolve
-from .write import SealingWriter, copy_file, make_local_parent, makedirs, remove_file, store_checksums, write_atomic
+from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, place, resolve
+from .write import (
+    SealingWriter,
+    Written,
+    make_local_parent,
+    makedirs,
+    remove_file,
+    remove_files,
+    store_checksums,
+    sync_dirs,
+    write_atomic,
+)
 
 __all__ = [
     "BLOCK_SIZE",
@@ -38,12 +49,14 @@ __all__ = [
     "Cancelled",
     "FileGrewError",
     "NotARegularFileError",
+    "Place",
     "ProgressFn",
     "Range",
     "SealingWriter",
     "ShortReadError",
     "SizeChangedError",
     "Version",
+    "Written",
     "beneath_caches",
     "check_no_clashes",
     "check_root",
@@ -64,12 +77,16 @@ __all__ = [
     "makedirs",
     "on_loop",
     "open_range",
+    "overlap",
+    "place",
     "read_file",
     "remove_file",
+    "remove_files",
     "resolve",
     "stamp_of",
     "stat_file",
     "storage_errors",
     "store_checksums",
+    "sync_dirs",
     "write_atomic",
 ]

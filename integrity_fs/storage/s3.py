@@ -33,6 +33,7 @@ __all__ = [
     "RangeStream",
     "StoreChecksum",
     "bucket_and_key",
+    "delete_objects",
     "head_size",
     "is_s3",
     "part_layout",
@@ -101,6 +102,33 @@ async def head_size(fs: fsspec.AbstractFileSystem, path: str, etag: str | None =
     with _pinned(path, etag):
         out = await fs_._call_s3("head_object", Bucket=bucket, Key=key, **_if_match(etag))
     return int(out["ContentLength"])
+
+
+def delete_objects(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[str]:
+    """Delete the objects at ``paths`` (those already gone are fine), up to 1,000 a request; the
+    paths S3 did not delete (a request that failed leaves all of its paths)."""
+    keys: dict[str, dict[str, str]] = {}
+    for path in paths:
+        bucket, key = bucket_and_key(fs, path)
+        keys.setdefault(bucket, {})[key] = path
+    fs_: Any = fs
+    left: list[str] = []
+    for bucket, named in keys.items():
+        names = list(named)
+        for start in range(0, len(names), 1000):
+            batch = names[start : start + 1000]
+            delete = {"Objects": [{"Key": key} for key in batch], "Quiet": True}
+            try:
+                out = sync(fs_.loop, fs_._call_s3, "delete_objects", Bucket=bucket, Delete=delete)
+            except Exception as exc:
+                log.info("deleting %d objects from %s failed: %s", len(batch), bucket, exc)
+                left += [named[key] for key in batch]
+                continue
+            left += [named[e["Key"]] for e in out.get("Errors", []) if e.get("Key") in named]
+    for named in keys.values():
+        for path in named.values():
+            fs.invalidate_cache(path)
+    return left
 
 
 def _if_match(etag: str | None) -> dict[str, str]:

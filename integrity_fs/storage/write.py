@@ -1,16 +1,22 @@
-"""Writing: the manifest atomically, files while they are hashed (with S3's own checksums where
-they make a file attestable), and copies that read through the one guarded reader.
+"""Writing: the manifest atomically, and files while they are hashed (with S3's own checksums
+where they make a file attestable).
 
 Whatever fails, nothing half-written is committed: a stream is discarded, a multipart or
-resumable upload aborted, a local file removed.
+resumable upload aborted, a local (or memory) file removed. A transfer keeps a :class:`Written`
+of what it wrote, to delete it all when it fails and, on a local disk, to make it durable (every
+file and directory fsynced) and to check it is still in place before the manifest goes over it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import errno
+import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import fsspec
@@ -18,20 +24,22 @@ from fsspec.spec import AbstractBufferedFile
 
 from ..hashing import StreamDigest, new_hasher
 from . import s3
-from .errors import NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
-from .listing import Version
-from .read import BLOCK_SIZE, ProgressFn, Vanished, check_stop, fresh_size, open_range, read_attempts, retried
-from .urls import describe, is_local
+from .errors import storage_errors
+from .urls import is_local
 
 __all__ = [
     "SealingWriter",
-    "copy_file",
+    "Written",
     "make_local_parent",
     "makedirs",
     "remove_file",
+    "remove_files",
     "store_checksums",
+    "sync_dirs",
     "write_atomic",
 ]
+
+log = logging.getLogger("integrity_fs")
 
 
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
@@ -58,12 +66,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        sync_dirs([directory])
         return
     with storage_errors(f"writing {path}"):
         fs.pipe_file(path, data)
@@ -104,6 +107,10 @@ class SealingWriter:
     is held for one PUT until it outgrows it; then a chunked file goes on in parts of exactly
     ``chunk_size`` (when S3 allows that part size), anything else as a plain stream. Past 10,000
     parts the last part takes the rest, with its own SHA-256 (not attestable).
+
+    ``written`` (a transfer's): the path is recorded there from the moment the destination may
+    hold any of it (a local or memory file from its opening, an object from its commit), and a
+    local file is fsynced when it is closed.
     """
 
     def __init__(
@@ -116,8 +123,10 @@ class SealingWriter:
         chunk_size: int | None,
         size: int | None = None,
         growing: bool = False,
+        written: Written | None = None,
     ) -> None:
         self.path = path
+        self._written = written
         self._digest = StreamDigest(algorithm, chunk_size if granularity == "chunk" else None)
         self._part_size: int | None = None
         if self.carries_checksums(fs, algorithm):
@@ -138,9 +147,18 @@ class SealingWriter:
         if self._part_size is not None:
             self._upload = s3.ChecksummedUpload(fs, path)
         else:
-            if is_local(fs):
-                make_local_parent(path)
-            self._stream = fs.open(path, "wb")
+            self._open_stream()
+
+    def _open_stream(self) -> None:
+        if is_local(self._fs):
+            if self._written is None:
+                make_local_parent(self.path)
+            else:
+                self._written.make_parent(self.path)
+                self._written.started(self.path)  # truncated from the opening on
+        self._stream = self._fs.open(self.path, "wb")
+        if self._written is not None and not isinstance(self._stream, AbstractBufferedFile):
+            self._written.started(self.path)  # written in place (memory): there from the opening on
 
     @staticmethod
     def carries_checksums(fs: fsspec.AbstractFileSystem, algorithm: str) -> bool:
@@ -172,14 +190,19 @@ class SealingWriter:
 
     def _fall_back_to_stream(self) -> None:
         self._upload = None
-        self._stream = self._fs.open(self.path, "wb")
+        self._open_stream()
         self._stream.write(self._buffer)
         self._buffer = bytearray()
 
     def close(self) -> tuple[str, ...]:
         """Finish the object; the unit digests of what was written (see ``StreamDigest``)."""
         digests = self._digest.digests()
+        if self._written is not None:
+            self._written.started(self.path)  # an object is committed now (or may be, if this fails)
         if self._stream is not None:
+            if self._written is not None and is_local(self._fs):
+                self._stream.flush()
+                self._written.closed(self.path, self._stream.fileno())
             self._stream.close()
             return digests
         assert self._upload is not None
@@ -205,6 +228,148 @@ class SealingWriter:
             self._stream = None
 
 
+class Written:
+    """What one transfer wrote at its destination, recorded by its writers (thread-safe).
+
+    ``remove()`` deletes it all when the transfer fails: every file whose destination path may
+    hold any of its bytes, and on a local disk the directories it created. On a local disk the
+    writes are made durable: each file is fsynced when it is closed, :meth:`sync` fsyncs every
+    directory that gained an entry, and :meth:`check` confirms that every file closed is still
+    the one written (device, inode, size, modification time), so a verified copy that something
+    else removed or replaced while it ran is never declared done.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
+        self._lock = threading.Lock()
+        self._paths: dict[str, None] = {}  # in the order written: an ordered set
+        self._created: list[str] = []  # local directories created, outermost first
+        self._closed: dict[str, tuple[int, int, int, int]] = {}
+
+    @property
+    def paths(self) -> list[str]:
+        with self._lock:
+            return list(self._paths)
+
+    def started(self, path: str) -> None:
+        """``path`` may hold bytes of this transfer from now on."""
+        with self._lock:
+            self._paths[path] = None
+
+    def make_parent(self, path: str) -> None:
+        """Create the local directories above ``path`` (recorded, to remove them on failure); one
+        that is a file is a ``NotADirectoryError``, as for :func:`make_local_parent`."""
+        missing: list[str] = []
+        directory = os.path.dirname(path)
+        while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+            missing.append(directory)
+            directory = os.path.dirname(directory)
+        with self._lock:
+            for directory in reversed(missing):
+                try:
+                    os.mkdir(directory)
+                except FileExistsError as exc:
+                    if not os.path.isdir(directory):
+                        raise NotADirectoryError(
+                            f"cannot write {path}: {directory} is a file, not a directory"
+                        ) from exc
+                    continue
+                self._created.append(directory)
+
+    def closed(self, path: str, fd: int) -> None:
+        """The local file ``path``, open on ``fd``, is complete: fsync it and note its identity."""
+        os.fsync(fd)
+        st = os.fstat(fd)
+        with self._lock:
+            self._closed[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def sync(self) -> None:
+        """Fsync every local directory that gained an entry: each file's, each created one's parent."""
+        with self._lock:
+            dirs = {os.path.dirname(p) for p in self._closed} | {os.path.dirname(d) for d in self._created}
+        sync_dirs(sorted(dirs, key=lambda d: (-d.count(os.sep), d)))
+
+    def check(self, where: Callable[[str], str] = lambda path: path) -> None:
+        """``OSError`` unless every local file closed is still there, the very file written;
+        ``where`` maps a path written to where it is now (a staging directory renamed)."""
+        with self._lock:
+            closed = dict(self._closed)
+        gone: list[str] = []
+        for path, identity in closed.items():
+            now = where(path)
+            try:
+                st = os.stat(now)
+            except (FileNotFoundError, NotADirectoryError):
+                gone.append(now)
+                continue
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != identity:
+                gone.append(now)
+        if gone:
+            shown = ", ".join(sorted(gone)[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+            raise OSError(f"files written by this transfer were removed or replaced before it finished: {shown}")
+
+    def remove(self) -> None:
+        """Delete what was written, best effort: what cannot be deleted is logged, never raised
+        (the failure that called for this is the one to raise)."""
+        left = remove_files(self.fs, self.paths)
+        with self._lock:
+            created, self._created = self._created, []
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # only when empty: anything another writer put there stays
+        if left:
+            shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            log.warning("could not delete %d files this transfer wrote: %s", len(left), shown)
+
+
+def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[str]:
+    """Delete ``paths`` (those already gone are fine); the ones that could not be deleted.
+
+    S3 deletes up to 1,000 objects per request; other object stores one per request, several at
+    once; local disks one after the other.
+    """
+    todo = list(paths)
+    if s3.is_s3(fs) and todo:
+        return s3.delete_objects(fs, todo)
+
+    def gone(path: str) -> bool:
+        try:
+            if is_local(fs):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            else:
+                remove_file(fs, path)
+        except Exception:
+            return False
+        return True
+
+    if is_local(fs) or len(todo) < 2:
+        return [path for path in todo if not gone(path)]
+    with concurrent.futures.ThreadPoolExecutor(min(_DELETERS, len(todo)), thread_name_prefix="integrity_fs") as pool:
+        return [path for path, ok in zip(todo, pool.map(gone, todo), strict=True) if not ok]
+
+
+#: Deletions in flight at once on object stores that delete one object per request.
+_DELETERS = 16
+
+
+def sync_dirs(directories: Iterable[str]) -> None:
+    """Fsync each local directory, so that the entries made in it survive a power loss. A
+    filesystem that cannot fsync a directory (``EINVAL``) is left as it is."""
+    for directory in directories:
+        try:
+            fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
+        finally:
+            os.close(fd)
+
+
 def make_local_parent(path: str) -> None:
     """Create the directories above ``path``; one that is a file is a ``NotADirectoryError`` (raised
     at once, an I/O error), never the ``FileExistsError`` of a refused destination."""
@@ -216,7 +381,8 @@ def make_local_parent(path: str) -> None:
 
 
 def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any) -> None:
-    """Close a write stream without committing it (``close()`` would store what it holds)."""
+    """Close a write stream without committing it (``close()`` would store what it holds); a file
+    written in place (local, memory) is removed."""
     if isinstance(stream, AbstractBufferedFile):
         with contextlib.suppress(Exception):
             stream.discard()  # s3fs: abort the multipart upload; gcsfs: cancel the resumable upload
@@ -227,6 +393,9 @@ def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any) -> None:
     if is_local(fs):
         with contextlib.suppress(OSError):
             os.unlink(path)
+    else:
+        with contextlib.suppress(Exception):
+            fs.rm_file(path)
 
 
 def _sha256(data: bytes | bytearray | memoryview) -> str:
@@ -245,108 +414,3 @@ def makedirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Create the directory ``path`` and its parents where the filesystem has directories."""
     with storage_errors(f"creating {path}"):
         fs.makedirs(path, exist_ok=True)
-
-
-# --------------------------------------------------------------------------- copying (transfer)
-
-
-def copy_file(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
-    dst_fs: fsspec.AbstractFileSystem,
-    dst_path: str,
-    length: int,
-    *,
-    algorithm: str,
-    granularity: str,
-    chunk_size: int | None,
-    progress: ProgressFn,
-    version: Version | None = None,
-    stop: threading.Event | None = None,
-) -> tuple[str, ...] | None:
-    """Copy exactly ``length`` bytes of ``path`` to ``dst_path`` through a :class:`SealingWriter`;
-    the unit digests of what was written, or ``None`` when ``path`` vanished (or is no longer a
-    regular file).
-
-    The source is read through :func:`~.read.open_range`, pinned to ``version``: it must end
-    right after ``length`` bytes (``SizeChangedError`` with the size it has now, when longer or
-    shorter), and a source whose version changed raises ``FileChangedError``. A stop is honoured
-    between blocks and on the loop (``Cancelled``); transient failures are retried as reads are
-    (the writer is aborted and the file sent again), a refused permission is raised at once.
-    Whatever fails, nothing half-written is committed.
-    """
-    what = f"copying {describe(fs, path)} to {describe(dst_fs, dst_path)}"
-    sent = [0]  # bytes sent (and reported to ``progress``) by the attempt under way
-
-    def once(attempt: int) -> tuple[str, ...]:
-        sent[0] = 0
-        return _copy_once(
-            fs, path, dst_fs, dst_path, length, algorithm, granularity, chunk_size, progress, sent, version, stop
-        )
-
-    def undo() -> None:
-        progress(-sent[0])
-
-    attempts = min(read_attempts(fs), read_attempts(dst_fs))
-    try:
-        return retried(fs, path, what, attempts, once, undo=undo, stop=stop)
-    except Vanished:
-        undo()
-        return None
-
-
-def _copy_once(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
-    dst_fs: fsspec.AbstractFileSystem,
-    dst_path: str,
-    length: int,
-    algorithm: str,
-    granularity: str,
-    chunk_size: int | None,
-    progress: ProgressFn,
-    sent: list[int],
-    version: Version | None,
-    stop: threading.Event | None,
-) -> tuple[str, ...]:
-    try:
-        source = open_range(fs, path, 0, length, file_size=length, version=version, stop=stop)
-    except (FileNotFoundError, NotARegularFileError, IsADirectoryError) as exc:
-        raise Vanished(path) from exc
-    block = memoryview(bytearray(max(1, min(BLOCK_SIZE, length))))
-    try:
-        writer = SealingWriter(
-            dst_fs, dst_path, algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, size=length
-        )
-        try:
-            while sent[0] < length:
-                check_stop(stop)
-                n = source.readinto(block[: min(len(block), length - sent[0])])
-                if not n:
-                    source.check_version()
-                    _short(fs, path, length, sent[0])
-                writer.write(block[:n])
-                sent[0] += n
-                progress(n)
-            source.finish()
-            check_stop(stop)
-            return writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-    except FileNotFoundError as exc:
-        raise Vanished(path) from exc
-    finally:
-        source.close()
-
-
-def _short(fs: fsspec.AbstractFileSystem, path: str, length: int, got: int) -> None:
-    """The source ended after ``got`` of ``length`` bytes: ``SizeChangedError`` when it is
-    shorter now, else a ``ShortReadError`` (transient: retried)."""
-    try:
-        size = fresh_size(fs, path)
-    except FileNotFoundError as exc:
-        raise Vanished(path) from exc
-    if size != length:
-        raise SizeChangedError(path, length, size)
-    raise ShortReadError(f"short read from {path}: expected {length} bytes, got {got}")

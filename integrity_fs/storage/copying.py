@@ -1,0 +1,149 @@
+"""Copies that read through the one guarded reader and write through a :class:`~.write.SealingWriter`:
+the source pinned and confirmed to end where planned, the destination never committed short.
+
+Internal: the transfers (``download``, ``upload``, ``copy``) call :func:`copy_file`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+import fsspec
+
+from .errors import NotARegularFileError, ShortReadError, SizeChangedError
+from .listing import Version
+from .read import BLOCK_SIZE, ProgressFn, Vanished, check_stop, fresh_size, open_range, read_attempts, retried
+from .urls import describe
+from .write import SealingWriter, Written
+
+__all__ = ["copy_file"]
+
+
+def copy_file(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    dst_fs: fsspec.AbstractFileSystem,
+    dst_path: str,
+    length: int,
+    *,
+    algorithm: str,
+    granularity: str,
+    chunk_size: int | None,
+    progress: ProgressFn,
+    version: Version | None = None,
+    stop: threading.Event | None = None,
+    written: Written | None = None,
+) -> tuple[str, ...] | None:
+    """Copy exactly ``length`` bytes of ``path`` to ``dst_path`` through a :class:`SealingWriter`
+    (recording the write in ``written``); the unit digests of what was written, or ``None`` when
+    ``path`` vanished (or is no longer a regular file).
+
+    The source is read through :func:`~.read.open_range`, pinned to ``version``: it must end
+    right after ``length`` bytes (``SizeChangedError`` with the size it has now, when longer or
+    shorter), and a source whose version changed raises ``FileChangedError``. A stop is honoured
+    between blocks and on the loop (``Cancelled``); transient failures are retried as reads are
+    (the writer is aborted and the file sent again), a refused permission is raised at once.
+    Whatever fails, nothing half-written is committed. A destination that is not there (a
+    directory removed, a bucket that does not exist) is an ``OSError`` about the destination,
+    raised at once: never taken for a source that vanished.
+    """
+    what = f"copying {describe(fs, path)} to {describe(dst_fs, dst_path)}"
+    sent = [0]  # bytes sent (and reported to ``progress``) by the attempt under way
+
+    def open_writer() -> SealingWriter:
+        with _writing():
+            return SealingWriter(
+                dst_fs,
+                dst_path,
+                algorithm=algorithm,
+                granularity=granularity,
+                chunk_size=chunk_size,
+                size=length,
+                written=written,
+            )
+
+    def once(attempt: int) -> tuple[str, ...]:
+        sent[0] = 0
+        return _copy_once(fs, path, open_writer, length, progress, sent, version, stop)
+
+    def undo() -> None:
+        progress(-sent[0])
+
+    attempts = min(read_attempts(fs), read_attempts(dst_fs))
+    try:
+        return retried(fs, path, what, attempts, once, undo=undo, stop=stop)
+    except Vanished:
+        undo()
+        return None
+    except _DestinationMissing as exc:
+        undo()
+        raise OSError(f"storage error while {what}: {exc}") from exc.__cause__
+
+
+class _DestinationMissing(Exception):
+    """A write found no such file, directory or bucket at the destination: a storage failure
+    there, never a source that vanished, and not retried. Not an ``OSError``, so that the retry
+    loop passes it on as it is."""
+
+
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise _DestinationMissing(f"the destination is not there: {exc}") from exc
+
+
+def _copy_once(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    open_writer: Callable[[], SealingWriter],
+    length: int,
+    progress: ProgressFn,
+    sent: list[int],
+    version: Version | None,
+    stop: threading.Event | None,
+) -> tuple[str, ...]:
+    try:
+        source = open_range(fs, path, 0, length, file_size=length, version=version, stop=stop)
+    except (FileNotFoundError, NotARegularFileError, IsADirectoryError) as exc:
+        raise Vanished(path) from exc
+    block = memoryview(bytearray(max(1, min(BLOCK_SIZE, length))))
+    try:
+        writer = open_writer()
+        try:
+            while sent[0] < length:
+                check_stop(stop)
+                n = source.readinto(block[: min(len(block), length - sent[0])])
+                if not n:
+                    source.check_version()
+                    _short(fs, path, length, sent[0])
+                with _writing():
+                    writer.write(block[:n])
+                sent[0] += n
+                progress(n)
+            source.finish()
+            check_stop(stop)
+            with _writing():
+                return writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+    except FileNotFoundError as exc:
+        raise Vanished(path) from exc
+    finally:
+        source.close()
+
+
+def _short(fs: fsspec.AbstractFileSystem, path: str, length: int, got: int) -> None:
+    """The source ended after ``got`` of ``length`` bytes: ``SizeChangedError`` when it is
+    shorter now, else a ``ShortReadError`` (transient: retried)."""
+    try:
+        size = fresh_size(fs, path)
+    except FileNotFoundError as exc:
+        raise Vanished(path) from exc
+    if size != length:
+        raise SizeChangedError(path, length, size)
+    raise ShortReadError(f"short read from {path}: expected {length} bytes, got {got}")
