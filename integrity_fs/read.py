@@ -249,7 +249,7 @@ class VerifiedFile(io.RawIOBase):
 
     def _unit(self, index: int) -> Future[memoryview]:
         """The verified bytes of unit ``index``: held, being read ahead, or read now (in this
-        thread); the next one is then read ahead."""
+        thread); the next ones are read ahead first, so that they are hashed while this one is."""
         with self._lock:
             future = self._held.get(index)
             if future is None:
@@ -259,11 +259,11 @@ class VerifiedFile(io.RawIOBase):
                 load_here = True
             else:
                 load_here = False
-        if load_here:
-            self._load(index, future)
         if self._read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
                 self._ahead(ahead)
+        if load_here:
+            self._load(index, future)
         return future
 
     def _ahead(self, index: int) -> None:

@@ -56,6 +56,9 @@ log = logging.getLogger("integrity_fs")
 
 #: Read size for hashing: big enough to amortise calls, small enough to stay in CPU cache.
 BLOCK_SIZE = 1024 * 1024
+#: Reads into a caller's unit buffer take this many blocks at a time: fewer calls (each one takes
+#: the GIL back) while a loader thread shares the process with the caller's own work.
+INTO_PIECES = 4
 #: Request size on object stores that are read in pieces (GCS, generic backends).
 REMOTE_BLOCK_SIZE = 8 * 1024 * 1024
 #: Attempts for a read that fails transiently (connection reset, timeout, short read).
@@ -385,7 +388,7 @@ def _hash_once(
     into: memoryview | None,
 ) -> str:
     hasher = new_hasher(algorithm)
-    piece = READ_SIZES.get(algorithm, BLOCK_SIZE)
+    piece = READ_SIZES.get(algorithm, BLOCK_SIZE) * (INTO_PIECES if into is not None else 1)
     own = memoryview(bytearray(max(1, min(piece, length)))) if into is None else None
     reader = open_range(fs, path, offset, length, file_size=file_size, version=version, stop=stop)
     try:
