@@ -11,6 +11,7 @@ checkpoint at a glance, as data (what ``integrity-fs status`` prints).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -24,8 +25,9 @@ from fsspec.callbacks import Callback
 from . import manifests, signing, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import Manifest
+from .options import VerifyOptions, Work
 from .report import Problem, Report, printable
-from .verify import verify
+from .verify import check, verify, verify_options
 
 __all__ = [
     "BAD_SIGNATURE",
@@ -33,6 +35,7 @@ __all__ = [
     "Verdict",
     "find_checkpoints",
     "latest_verified",
+    "named",
     "newest_that",
     "signed_name",
     "status",
@@ -141,6 +144,8 @@ def latest_verified(
     saved) is logged and gives ``None``. ``callback`` goes to each verification in turn (each
     calls ``set_size`` with its own total).
     """
+    options = verify_options(strict=strict, quick=quick, public_key=public_key)
+    work = Work(max_workers, callback)
     fs_, root_ = storage.resolve(root, storage_options, fs)
     candidates = [
         (storage.join(root_, name), checkpoint_url(fs_, storage.join(root_, name)))
@@ -148,18 +153,16 @@ def latest_verified(
     ]
 
     def attempt(path: str) -> Report:
-        return verify(
-            path,
-            fs=fs_,
-            max_workers=max_workers,
-            callback=callback,
-            strict=strict,
-            quick=quick,
-            public_key=public_key,
-            expected_name=signed_name(path, public_key),
-        )
+        return check(fs_, path, named(options, path), work)
 
     return newest_that(candidates, attempt)
+
+
+def named(options: VerifyOptions, path: str) -> VerifyOptions:
+    """``options`` for the checkpoint at ``path``: with a key, its signature must name it."""
+    if options.key is None:
+        return options
+    return dataclasses.replace(options, expected_name=manifests.model_name(path))
 
 
 def signed_name(path: str, public_key: object) -> str | None:

@@ -53,21 +53,20 @@ from .collectives import (
 from .errors import IntegrityError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit
 from .manifest import Manifest
-from .options import SealOptions, Work
+from .options import SealOptions, VerifyOptions, Work
 from .report import Report, printable
-from .seal import SealPlan, finish_seal, plan_seal, seal_options
-from .seal import seal as local_seal_of
+from .seal import SealPlan, finish_seal, plan_seal, seal_at, seal_options
 from .verify import (
     Prepared,
     attestable_names,
     attested_names,
+    check,
     fetch_checksums,
     finish_verification,
     prepare,
     verify_options,
     without_attested,
 )
-from .verify import verify as local_verify_of
 from .work import UnitOutcome, hash_units
 
 if TYPE_CHECKING:
@@ -128,13 +127,8 @@ def verify(
     """
     g = group_of(group)
 
-    def local_verify() -> Report:
-        return local_verify_of(
-            url,
-            storage_options=storage_options,
-            fs=fs,
-            max_workers=max_workers,
-            callback=callback,
+    def options() -> VerifyOptions:
+        return verify_options(
             strict=strict,
             quick=quick,
             attested=attested,
@@ -144,6 +138,9 @@ def verify(
             manifest_format=manifest_format,
         )
 
+    def local_verify() -> Report:
+        return check(*storage.resolve(url, storage_options, fs), options(), Work(max_workers, callback))
+
     if g is None:
         check_mode(mode)
         return local_verify()
@@ -152,14 +149,7 @@ def verify(
     if agreed == "rank0":
         return call.on_rank0(local_verify)
     work = call.attempt(lambda: Work(max_workers, callback))  # this rank's own: a bad one travels as its share
-    planned = broadcast(
-        g,
-        call.attempt(
-            lambda: _plan_verify(view, strict, quick, attested, manifest, public_key, expected_name, manifest_format)
-        )
-        if g.rank == 0
-        else None,
-    )
+    planned = broadcast(g, call.attempt(lambda: _plan_verify(view, options())) if g.rank == 0 else None)
     checksums: list[_Checksums | Failure] = []
     if isinstance(planned, _VerifyPlan) and planned.attest:  # rank 0's choice: the same on every rank
         before = planned
@@ -204,18 +194,8 @@ def seal(
     g = group_of(group)
 
     def local_seal() -> Manifest:
-        return local_seal_of(
-            url,
-            algorithm=algorithm,
-            granularity=granularity,
-            chunk_size=chunk_size,
-            storage_options=storage_options,
-            fs=fs,
-            max_workers=max_workers,
-            callback=callback,
-            overwrite=overwrite,
-            private_key=private_key,
-        )
+        options = seal_options(algorithm, granularity, chunk_size, overwrite, private_key)
+        return seal_at(*storage.resolve(url, storage_options, fs), options, Work(max_workers, callback))
 
     if g is None:
         check_mode(mode)
@@ -300,29 +280,12 @@ def _look(
     return _View(fs_, root, sizes, versions, token)
 
 
-def _plan_verify(
-    view: _View | None,
-    strict: bool,
-    quick: bool,
-    attested: bool,
-    manifest: Manifest | URL | None,
-    public_key: signing.PublicKey | None,
-    expected_name: str | None,
-    manifest_format: str = "auto",
-) -> _VerifyPlan:
+def _plan_verify(view: _View | None, options: VerifyOptions) -> _VerifyPlan:
     """Rank 0: read the manifest (and check the signature with a key) against its listing."""
     assert view is not None
-    options = verify_options(
-        strict=strict,
-        quick=quick,
-        attested=attested,
-        manifest=manifest,
-        public_key=public_key,
-        expected_name=expected_name,
-        manifest_format=manifest_format,
-    )
     prepared = prepare(view.fs, view.root, options, sizes=view.sizes)
-    attest = bool(attested) and not quick and bool(attestable_names(prepared.manifest, prepared.plan))
+    attest = bool(options.attested) and not options.quick
+    attest = attest and bool(attestable_names(prepared.manifest, prepared.plan))
     return _VerifyPlan(prepared, prepared.manifest.algorithm, attest)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "finish_seal",
     "plan_seal",
     "seal",
+    "seal_at",
     "seal_options",
     "sign",
 ]
@@ -68,14 +69,18 @@ def seal(
     EC key), ``model.sig`` is written right after the manifest, from the same digests.
     """
     options = seal_options(algorithm, granularity, chunk_size, overwrite, private_key)
-    work = Work(max_workers, callback)
     fs_, root = storage.resolve(url, storage_options, fs)
+    return seal_at(fs_, root, options, Work(max_workers, callback))
+
+
+def seal_at(fs: fsspec.AbstractFileSystem, root: str, options: SealOptions, work: Work) -> Manifest:
+    """The seal pipeline at ``root`` of ``fs``: :func:`plan_seal`, the hashing, :func:`finish_seal`."""
     started = time.perf_counter()
     versions: dict[str, storage.Version] = {}
-    plan = plan_seal(fs_, root, options, versions=versions)
-    digests = hash_units(fs_, root, options.hashing.algorithm, plan.units, versions=versions, work=work)
+    plan = plan_seal(fs, root, options, versions=versions)
+    digests = hash_units(fs, root, options.hashing.algorithm, plan.units, versions=versions, work=work)
     del versions
-    manifest = finish_seal(fs_, root, options, plan, digests)
+    manifest = finish_seal(fs, root, options, plan, digests)
     log_done("sealed", plan.location, len(manifest.files), manifest.total_bytes or 0, started)
     return manifest
 

@@ -36,6 +36,7 @@ __all__ = [
     "Prepared",
     "VerificationPlan",
     "attest",
+    "check",
     "finish_verification",
     "plan_verification",
     "prepare",
@@ -90,15 +91,20 @@ def verify(
         expected_name=expected_name,
         manifest_format=manifest_format,
     )
-    work = Work(max_workers, callback)
     fs_, root = storage.resolve(url, storage_options, fs)
+    return check(fs_, root, options, Work(max_workers, callback))
+
+
+def check(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions, work: Work) -> Report:
+    """The verification pipeline at ``root`` of ``fs``: :func:`prepare`, :func:`attest` (on request),
+    the hashing, :func:`finish_verification`; raises as :func:`verify` does."""
     started = time.perf_counter()
     versions: dict[str, storage.Version] = {}
-    prepared = prepare(fs_, root, options, versions=None if options.quick else versions)
+    prepared = prepare(fs, root, options, versions=None if options.quick else versions)
     plan = prepared.plan
     if options.attested and not options.quick:
-        plan = attest(fs_, root, prepared.manifest, plan)
-    digests = hash_units(fs_, root, prepared.manifest.algorithm, plan.units, versions=versions, work=work)
+        plan = attest(fs, root, prepared.manifest, plan)
+    digests = hash_units(fs, root, prepared.manifest.algorithm, plan.units, versions=versions, work=work)
     report = finish_verification(prepared.manifest, plan, digests)
     if not report.ok:
         if prepared.manifest_format == "sha256sum" and options.manifest_format == "auto":
