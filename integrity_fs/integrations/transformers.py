@@ -73,9 +73,10 @@ class IntegrityCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         folder = os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        g = group_of(None)
-        if g is None:
-            self._seal(folder)
+        g = group_of(None) if args.world_size > 1 else None
+        if g is None:  # one process (or processes that share no torch.distributed group)
+            if args.should_save:
+                self._seal(folder)
             return
         call = Call(g)
         all_gather(g, None)  # every process has written its part of the checkpoint
