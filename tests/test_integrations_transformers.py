@@ -1,0 +1,214 @@
+"""integrity_fs.integrations.transformers with a real ``transformers.Trainer`` on a tiny GPT-2 built
+from a config, on the CPU (nothing downloaded): every checkpoint-N sealed once written, and the run
+resumed from the newest one that verifies. tests/dist_trainer_worker.py runs a distributed Trainer
+(DDP over gloo, two ranks).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import torch
+from dist_launch import run_ranks
+from hf_trainer import Steps, trainer
+from safetensors.torch import load_file
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME
+from integrity_fs.integrations.transformers import IntegrityCallback, latest_verified_checkpoint
+
+#: What the Trainer writes into each checkpoint-N (with one process).
+TRAINER_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "rng_state.pth",
+    "scheduler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+}
+
+
+def _flip(path: Path, offset: int = -100) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset, 2 if offset < 0 else 0)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 1]))
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=atol) for k in a)
+
+
+def test_a_run_resumes_from_the_newest_checkpoint_that_verifies(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    callback = IntegrityCallback()
+    trainer(out, [callback], save_total_limit=2).train()  # saves 2, 4, 6; the rotation keeps 4 and 6
+    assert callback.sealed == [str(out / f"checkpoint-{n}") for n in (2, 4, 6)]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-4", "checkpoint-6"]
+    for name in ("checkpoint-4", "checkpoint-6"):
+        assert set(ifs.read_manifest(out / name).files) == TRAINER_FILES
+        assert ifs.verify(out / name, strict=True).ok
+    unbroken = _weights(out / "checkpoint-6")
+    assert not _close(unbroken, _weights(out / "checkpoint-4"), atol=1e-4)  # two steps apart
+
+    _flip(out / "checkpoint-6" / "model.safetensors")
+    resume = latest_verified_checkpoint(out)
+    assert resume == str(out / "checkpoint-4")
+
+    steps, again = Steps(), IntegrityCallback()
+    resumed = trainer(out, [again, steps], save_total_limit=2)
+    resumed.train(resume_from_checkpoint=resume)
+    assert (steps.count, resumed.state.global_step) == (2, 6)  # steps 5 and 6: it started from step 4
+    assert again.sealed == [str(out / "checkpoint-6")]  # written again over the damaged one, sealed again
+    assert ifs.verify(out / "checkpoint-6", strict=True).ok
+    assert _close(_weights(out / "checkpoint-6"), unbroken, atol=1e-6)  # where the unbroken run ended
+    assert latest_verified_checkpoint(out) == str(out / "checkpoint-6")
+
+
+def test_unsealed_half_written_and_other_folders_are_passed_over(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert latest_verified_checkpoint(out) is None  # a run that never saved: start afresh
+    trainer(out, [IntegrityCallback()], max_steps=10).train()  # 2, 4, 6, 8, 10
+    assert latest_verified_checkpoint(out) == str(out / "checkpoint-10")  # by number: 10 after 8
+
+    half = out / "checkpoint-12"  # what a Trainer still writing it (or one killed meanwhile) leaves
+    half.mkdir()
+    shutil.copy(out / "checkpoint-10" / "config.json", half)
+    unsealed = out / "checkpoint-11"  # written before the callback was there
+    shutil.copytree(out / "checkpoint-10", unsealed)
+    (unsealed / MANIFEST_FILENAME).unlink()
+    other = out / "final-99"  # sealed, newer by its number, but not a checkpoint-N
+    shutil.copytree(out / "checkpoint-2", other)
+    (out / "runs").mkdir()
+    assert latest_verified_checkpoint(out) == str(out / "checkpoint-10")
+
+    for n in (10, 8):
+        _flip(out / f"checkpoint-{n}" / "trainer_state.json", 5)
+    (out / "checkpoint-6" / "optimizer.pt").write_bytes(b"")  # truncated
+    (out / "checkpoint-4" / "scheduler.pt").unlink()
+    assert latest_verified_checkpoint(out) == str(out / "checkpoint-2")
+    _flip(out / "checkpoint-2" / "rng_state.pth", 10)
+    assert latest_verified_checkpoint(out) is None
+
+
+class _RotateOnSkip(logging.Handler):
+    """Deletes ``victim`` (as the Trainer's rotation does, from another process) once the newest
+    checkpoint is reported skipped: after the listing, before its turn comes."""
+
+    def __init__(self, skipped: str, victim: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.skipped, self.victim, self.messages = skipped, victim, []  # type: ignore[var-annotated]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.messages.append(message)
+        if self.skipped in message and self.victim.exists():
+            shutil.rmtree(self.victim)
+
+
+def test_a_checkpoint_rotated_away_meanwhile_is_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    trainer(out, [IntegrityCallback()]).train()
+    _flip(out / "checkpoint-6" / "model.safetensors")
+    handler = _RotateOnSkip("checkpoint-6", out / "checkpoint-4")
+    logger = logging.getLogger("integrity_fs")
+    logger.addHandler(handler)
+    try:
+        assert latest_verified_checkpoint(out) == str(out / "checkpoint-2")
+    finally:
+        logger.removeHandler(handler)
+    assert not (out / "checkpoint-4").exists()
+    assert [m.split(" (")[1].split(")")[0] for m in handler.messages if m.startswith("skipping")] == [
+        "damaged",
+        "vanished",
+    ]
+
+
+def _keys(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    key, pub = tmp_path / f"{name}.pem", tmp_path / f"{name}.pub"
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    pub.write_bytes(
+        private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return key, pub
+
+
+def test_signed_checkpoints_and_a_replayed_one(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    key, pub = _keys(tmp_path, "run")
+    _other, other_pub = _keys(tmp_path, "other")
+    out = tmp_path / "out"
+    trainer(out, [IntegrityCallback(key, granularity="chunk", chunk_size=1 << 16)]).train()
+    for n in (2, 4, 6):
+        assert (out / f"checkpoint-{n}" / SIGNATURE_FILENAME).is_file()
+        assert ifs.verify(out / f"checkpoint-{n}", public_key=pub, strict=True).ok
+    assert latest_verified_checkpoint(out, public_key=pub) == str(out / "checkpoint-6")
+    assert latest_verified_checkpoint(out, public_key=other_pub) is None  # signed by another key
+
+    # checkpoint-4, signature and all, copied over checkpoint-6: a consistent folder, signed as checkpoint-4.
+    shutil.rmtree(out / "checkpoint-6")
+    shutil.copytree(out / "checkpoint-4", out / "checkpoint-6")
+    assert ifs.verify(out / "checkpoint-6").ok
+    assert latest_verified_checkpoint(out) == str(out / "checkpoint-6")
+    assert latest_verified_checkpoint(out, public_key=pub) == str(out / "checkpoint-4")
+
+
+def test_bad_callback_options_fail_before_any_training(tmp_path: Path) -> None:
+    with pytest.raises(NotImplementedError, match="granularity"):
+        IntegrityCallback(granularity="blocks")
+    with pytest.raises(ValueError, match="chunk_size"):
+        IntegrityCallback(chunk_size=1024)  # file granularity
+    with pytest.raises(ValueError, match="cannot read the key file"):
+        IntegrityCallback(tmp_path / "missing.pem")
+
+
+def test_a_failed_seal_stops_the_run(tmp_path: Path) -> None:
+    """Damage the seal cannot accept (a name no manifest holds) raises out of ``train``."""
+    out = tmp_path / "out"
+
+    class LeaveABadName(Steps):
+        def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            (out / f"checkpoint-{state.global_step}" / "bad\\name").write_bytes(b"x")
+
+    with pytest.raises(ValueError, match="a manifest cannot hold"):
+        trainer(out, [LeaveABadName(), IntegrityCallback()]).train()
+    assert not (out / "checkpoint-2" / MANIFEST_FILENAME).exists()
+
+
+def test_a_distributed_trainer_seals_once_every_rank_has_written(tmp_path: Path) -> None:
+    """Two DDP ranks over gloo: rank 1 writes rng_state_1.pth 1.5 s late, rank 0 seals after it;
+    both agree on where to resume; a failed seal raises the same error on both ranks."""
+    results = run_ranks("dist_trainer_worker.py", 2, {"root": str(tmp_path)}, tmp_path, timeout=240)
+    assert results["world_size"] == [2, 2]
+    run = tmp_path / "run"
+    assert results["sealed"] == [[str(run / "checkpoint-2"), str(run / "checkpoint-4")], []]
+    for files in results["files"]:
+        for names in files.values():
+            assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(names)
+    assert results["strict"] == [[True, True], [True, True]]
+    assert results["latest"] == [str(run / "checkpoint-2")] * 2  # checkpoint-4 damaged by rank 0
+    [failing] = set(results["failing"])
+    assert failing.startswith("ValueError: cannot seal") and "failing/checkpoint-2" in failing
