@@ -53,7 +53,7 @@ from .collectives import (
 from .errors import IntegrityError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit
 from .manifest import Manifest
-from .options import SealOptions, Work
+from .options import Attested, SealOptions, Work
 from .report import Report, printable
 from .seal import SealPlan, finish_seal, plan_seal, seal_options
 from .seal import seal as local_seal_of
@@ -73,7 +73,7 @@ from .work import UnitOutcome, hash_units
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from .storage.s3 import StoreChecksum
+    from .recorded import ObjectState
 
 __all__ = [
     "INSTALL_HINT",
@@ -107,7 +107,7 @@ def verify(
     callback: Callback | None = None,
     strict: bool = False,
     quick: bool = False,
-    attested: bool = False,
+    attested: Attested = False,
     manifest: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
     expected_name: str | None = None,
@@ -253,11 +253,12 @@ def shard_units(units: Sequence[Unit], world_size: int) -> list[list[Unit]]:
 
 @dataclass(frozen=True)
 class _VerifyPlan:
-    """Rank 0's preparation, as every rank receives it; ``attest``: ask the store for checksums."""
+    """Rank 0's preparation, as every rank receives it; ``attest``: ask the store for checksums
+    (``True``, or ``"crc"``: CRCs attest too)."""
 
     prepared: Prepared
     algorithm: str
-    attest: bool = False
+    attest: Attested = False
 
     @property
     def units(self) -> Sequence[Unit]:
@@ -304,7 +305,7 @@ def _plan_verify(
     view: _View | None,
     strict: bool,
     quick: bool,
-    attested: bool,
+    attested: Attested,
     manifest: Manifest | URL | None,
     public_key: signing.PublicKey | None,
     expected_name: str | None,
@@ -322,11 +323,11 @@ def _plan_verify(
         manifest_format=manifest_format,
     )
     prepared = prepare(view.fs, view.root, options, sizes=view.sizes)
-    attest = bool(attested) and not quick and bool(attestable_names(prepared.manifest, prepared.plan))
+    attest = attested if attested and not quick and attestable_names(prepared.manifest, prepared.plan) else False
     return _VerifyPlan(prepared, prepared.manifest.algorithm, attest)
 
 
-_Checksums = dict[str, "StoreChecksum | None"]
+_Checksums = dict[str, "ObjectState | None"]
 
 
 def _checksum_share(g: Group, view: _View | None, planned: _VerifyPlan) -> _Checksums:
@@ -345,7 +346,7 @@ def _attest(planned: _VerifyPlan, checksums: Sequence[_Checksums | Failure]) -> 
             return share
         merged.update(share)
     prepared = planned.prepared
-    confirmed = attested_names(prepared.manifest, merged)
+    confirmed = attested_names(prepared.manifest, merged, records=prepared.records, mode=planned.attest)
     plan = without_attested(prepared.plan, confirmed)
     return dataclasses.replace(planned, prepared=dataclasses.replace(prepared, plan=plan))
 

@@ -23,6 +23,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from ..hashing import StreamDigest, new_hasher
+from ..recorded import ObjectState
 from . import s3
 from .errors import storage_errors
 from .urls import is_local
@@ -32,6 +33,7 @@ __all__ = [
     "Written",
     "make_local_parent",
     "makedirs",
+    "object_checksums",
     "remove_file",
     "remove_files",
     "store_checksums",
@@ -92,6 +94,15 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str
         return dict.fromkeys(paths)
     with storage_errors(f"reading the checksums of {len(paths)} objects"):
         return s3.store_checksums(fs, paths)
+
+
+def object_checksums(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, ObjectState | None]:
+    """What S3 keeps for each path (its ETag and every checksum), read without reading content;
+    on any other filesystem every value is ``None``."""
+    if not s3.is_s3(fs):
+        return dict.fromkeys(paths)
+    with storage_errors(f"reading the checksums of {len(paths)} objects"):
+        return s3.object_checksums(fs, paths)
 
 
 class SealingWriter:

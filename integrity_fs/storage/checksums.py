@@ -1,0 +1,426 @@
+"""The stores' own checksums: what S3 and GCS show of an object, computing the same checksums
+from the bytes integrity_fs reads or writes, and the sidecar that records those it checked.
+
+- GCS lists an MD5 (every object but a composite one) and a CRC32C (every object): attesting
+  from them takes no request beyond the listing.
+- S3 lists the ETag, which is the object's MD5 for one PUT without SSE-KMS or SSE-C, and the MD5
+  of its parts' MD5s (``-N``) for a multipart upload; its other checksums (CRC32, CRC32C,
+  CRC64NVME, SHA-1, SHA-256, full-object or composite) take a GetObjectAttributes request, and
+  a composite's part layout a HEAD of its first part.
+
+A :class:`Recording` says which checksums to compute while a whole file is read in order (only
+what the store will be asked about, only on S3 and GCS); once the file verified, the checksums
+that equal the store's are kept as :class:`~integrity_fs.recorded.Record`\\ s. Writing the sidecar
+never fails the operation that recorded: a refusal (a read-only role) is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from ..errors import ManifestError
+from ..hashing import Hasher
+from ..manifest import Manifest
+from ..recorded import CHECKSUMS_FILENAME, ObjectState, Record, Records, StoreChecksum
+from ..report import SIGNATURE_FILENAME, printable
+from . import gcs, s3
+from .errors import storage_errors
+from .read import Sink, read_file
+from .urls import describe, join
+
+__all__ = [
+    "Recording",
+    "StoreHasher",
+    "computable",
+    "keeps_checksums",
+    "listed_state",
+    "listed_states",
+    "object_states",
+    "plan_recording",
+    "read_records",
+    "record_checksums",
+]
+
+log = logging.getLogger("integrity_fs")
+
+
+def keeps_checksums(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is a store whose own checksums integrity_fs records and attests from (S3, GCS)."""
+    return s3.is_s3(fs) or gcs.is_gcs(fs)
+
+
+def listed_state(fs: fsspec.AbstractFileSystem, info: Mapping[str, Any]) -> ObjectState | None:
+    """What a listing entry of ``fs`` shows of an object's checksums (``None``: not S3 or GCS)."""
+    if gcs.is_gcs(fs):
+        return gcs.listed_state(info)
+    if s3.is_s3(fs):
+        return s3.listed_state(info)
+    return None
+
+
+def listed_states(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, ObjectState]:
+    """What a fresh listing of ``root`` shows of each object's checksums, by name under ``root``."""
+    prefix = root.rstrip("/") + "/"
+    with storage_errors(f"listing {describe(fs, root)}"):
+        fs.invalidate_cache(root)
+        found = fs.find(root, detail=True, withdirs=False)
+    out: dict[str, ObjectState] = {}
+    for path, info in found.items():
+        state = listed_state(fs, info) if path.startswith(prefix) else None
+        if state is not None:
+            out[path[len(prefix) :]] = state
+    return out
+
+
+def object_states(
+    fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str], listed: Mapping[str, ObjectState] | None
+) -> dict[str, ObjectState | None]:
+    """What the store shows now of each of ``names``: the listing's view (``listed``, or a fresh
+    listing), and on S3 what GetObjectAttributes adds (one request per name; no content read)."""
+    names = list(names)
+    if listed is None and gcs.is_gcs(fs):
+        listed = listed_states(fs, root)
+    states: dict[str, ObjectState | None] = {n: (listed or {}).get(n) for n in names}
+    if s3.is_s3(fs) and names:
+        from . import object_checksums  # through the package, where tests count the requests
+
+        paths = {join(root, name): name for name in names}
+        for path, state in object_checksums(fs, list(paths)).items():
+            name = paths[path]
+            before = states.get(name)
+            if state is not None and before is not None and before.version == state.version:
+                state = ObjectState(state.version, {**before.checksums, **state.checksums})
+            states[name] = state
+    return states
+
+
+# --------------------------------------------------------------------------- computing store checksums
+
+
+class _Crc32:
+    __slots__ = ("_crc",)
+
+    def __init__(self) -> None:
+        self._crc = 0
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+
+    def digest(self) -> bytes:
+        return self._crc.to_bytes(4, "big")
+
+    def hexdigest(self) -> str:
+        return self.digest().hex()
+
+
+class _Crc32c:
+    __slots__ = ("_crc", "_extend")
+
+    def __init__(self, extend: Callable[[int, bytes], int]) -> None:
+        self._crc, self._extend = 0, extend
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        self._crc = self._extend(self._crc, data if isinstance(data, bytes) else bytes(data))  # it takes bytes only
+
+    def digest(self) -> bytes:
+        return self._crc.to_bytes(4, "big")
+
+    def hexdigest(self) -> str:
+        return self.digest().hex()
+
+
+def _crc32c_extend() -> Callable[[int, bytes], int] | None:
+    try:
+        import google_crc32c
+    except ImportError:  # comes with gcsfs; without it, CRC32C-only objects are read
+        return None
+    extend: Callable[[int, bytes], int] = google_crc32c.extend
+    return extend
+
+
+def _new(algorithm: str) -> Hasher | None:
+    if algorithm in ("md5", "sha1", "sha256"):
+        hasher: Hasher = hashlib.new(algorithm, usedforsecurity=False) if algorithm != "sha256" else hashlib.sha256()
+        return hasher
+    if algorithm == "crc32":
+        return _Crc32()
+    if algorithm == "crc32c":
+        extend = _crc32c_extend()
+        return _Crc32c(extend) if extend is not None else None
+    return None  # CRC64NVME: no library here computes it
+
+
+def computable(algorithm: str) -> bool:
+    """Whether integrity_fs can compute this store checksum from the bytes."""
+    return _new(algorithm) is not None
+
+
+class StoreHasher:
+    """One store checksum of an object, computed from its bytes fed in order from the first:
+    of the whole object, or composite over ``parts`` parts of ``part_size`` bytes each but the
+    last, which takes the rest (the layouts of s3fs, boto3 and the AWS CLI)."""
+
+    def __init__(self, want: StoreChecksum, size: int, part_size: int | None = None) -> None:
+        hasher = _new(want.algorithm)
+        assert hasher is not None, want.algorithm
+        self.want, self._size = want, size
+        self._hasher = hasher
+        self._fed = 0
+        self._parts: list[bytes] | None = None
+        self._part_end = size
+        if want.composite:
+            assert want.parts and part_size
+            self._parts, self._part_size = [], part_size
+            self._part_end = size if want.parts == 1 else part_size
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        if self._parts is None:
+            self._hasher.update(data)
+            self._fed += len(data)
+            return
+        view = memoryview(data)
+        while len(view):
+            room = self._part_end - self._fed
+            take = view[:room] if room > 0 else view  # past the object's end: result() says so
+            self._hasher.update(take)
+            self._fed += len(take)
+            view = view[len(take) :]
+            if self._fed == self._part_end and self._fed < self._size:
+                self._next_part()
+
+    def _next_part(self) -> None:
+        assert self._parts is not None and self.want.parts is not None
+        self._parts.append(self._hasher.digest())
+        hasher = _new(self.want.algorithm)
+        assert hasher is not None
+        self._hasher = hasher
+        last = len(self._parts) + 1 >= self.want.parts
+        self._part_end = self._size if last else self._fed + self._part_size
+
+    def result(self) -> str | None:
+        """The checksum's value (:attr:`StoreChecksum.value`), or ``None`` when the bytes fed were
+        not exactly the object's."""
+        if self._fed != self._size:
+            return None
+        if self._parts is None:
+            return self._hasher.hexdigest()
+        parts = [*self._parts, self._hasher.digest()]
+        if len(parts) != self.want.parts:
+            return None
+        outer = _new(self.want.algorithm)
+        assert outer is not None
+        outer.update(b"".join(parts))
+        return f"{outer.hexdigest()}-{len(parts)}"
+
+
+# --------------------------------------------------------------------------- recording
+
+
+@dataclass(frozen=True)
+class _Target:
+    size: int
+    version: str
+    wanted: tuple[StoreChecksum, ...]
+    part_size: int | None
+
+
+class Recording:
+    """The store checksums to compute while whole files are read (or written) in order, and what
+    they must equal to be recorded. Empty (false) when there is nothing to record."""
+
+    def __init__(self, targets: Mapping[str, _Target] | None = None) -> None:
+        self._targets = dict(targets or {})
+        self._hashers: dict[str, list[StoreHasher]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._targets)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._targets)
+
+    def hashers(self, name: str) -> list[StoreHasher]:
+        """New hashers for one read (or write) of ``name`` from its first byte; the last ones
+        made are the ones :meth:`records` judges (a retried read starts again)."""
+        target = self._targets.get(name)
+        if target is None:
+            return []
+        made = [StoreHasher(want, target.size, target.part_size) for want in target.wanted]
+        self._hashers[name] = made
+        return made
+
+    def extra(self) -> dict[str, Callable[[], list[Sink]]]:
+        """For ``hash_units``: each file's factory of hashers."""
+
+        def factory(name: str) -> Callable[[], list[Sink]]:
+            return lambda: list(self.hashers(name))
+
+        return {name: factory(name) for name in self._targets}
+
+    def records(self, manifest: Manifest) -> dict[str, Record]:
+        """The records of the files whose computed checksums equal the store's, bound to the
+        manifest's digests (call once the files verified or were sealed)."""
+        out: dict[str, Record] = {}
+        for name, target in self._targets.items():
+            made = self._hashers.get(name)
+            if not made or name not in manifest.files:
+                continue
+            equal = {h.want.algorithm: h.want.value for h in made if h.result() == h.want.value}
+            if equal:
+                out[name] = Record(manifest.files[name], target.size, target.version, equal)
+        return out
+
+
+def plan_recording(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    sizes: Mapping[str, int],
+    states: Mapping[str, ObjectState] | None,
+    *,
+    algorithm: str,
+    records: Records | None = None,
+    manifest: Manifest | None = None,
+) -> Recording:
+    """What to compute while reading the whole files of ``sizes`` (name -> size) under ``root``
+    on S3 or GCS, from what the listing showed (``states``).
+
+    GCS: its MD5, or for a composite object (no MD5) its CRC32C. S3: the MD5 its ETag is (a
+    multipart ETag, over parts of the size its first part has: one HEAD each), and for a
+    multipart object or one whose ETag is no MD5, the checksum S3 keeps (one GetObjectAttributes
+    each). Objects whose listing shows S3's SHA-256 under a SHA-256 manifest are left out (they
+    attest without a record), and so are files that ``records`` already attests for ``manifest``.
+    """
+    if states is None or not sizes or not keeps_checksums(fs):
+        return Recording()
+    targets: dict[str, _Target] = {}
+    asked: dict[str, ObjectState] = {}
+    for name, size in sizes.items():
+        state = states.get(name)
+        if state is None or state.version is None:
+            continue
+        if records is not None and manifest is not None and records.attested_by(manifest, name, state, _ALL):
+            continue
+        if gcs.is_gcs(fs):
+            kept = state.checksums.get("md5") or state.checksums.get("crc32c")
+            if kept is not None and computable(kept.algorithm):
+                targets[name] = _Target(size, state.version, (kept,), None)
+            continue
+        if algorithm == "sha256" and "sha256" in state.unlisted:
+            continue  # written with S3's SHA-256 (by integrity_fs): it attests as it is
+        md5 = state.checksums.get("md5")
+        if md5 is not None and not md5.composite:
+            targets[name] = _Target(size, state.version, (md5,), None)  # one PUT: its ETag is its MD5
+        elif md5 is not None or state.unlisted:
+            asked[name] = state
+    if asked:
+        targets.update(_s3_targets(fs, root, sizes, asked))
+    return Recording(targets)
+
+
+_ALL = ("sha256", "sha1", "md5", "crc32c", "crc32", "crc64nvme")
+
+
+def _s3_targets(
+    fs: fsspec.AbstractFileSystem, root: str, sizes: Mapping[str, int], asked: Mapping[str, ObjectState]
+) -> dict[str, _Target]:
+    """S3 objects whose checksums the listing does not show, or that are composite: what
+    GetObjectAttributes says (of the version listed), and the size of their first part."""
+    unlisted = [name for name, state in asked.items() if state.unlisted or "md5" not in state.checksums]
+    with storage_errors(f"reading the checksums of {len(unlisted)} objects"):
+        fetched = object_states(fs, root, unlisted, None) if unlisted else {}
+    multipart: dict[str, tuple[StoreChecksum, ...]] = {}
+    for name, listed in asked.items():
+        now = fetched.get(name)
+        kept = dict(listed.checksums)
+        if now is not None and now.version == listed.version:
+            kept.update(now.checksums)
+        wanted = tuple(c for c in kept.values() if computable(c.algorithm) and (not c.composite or c.parts))
+        if wanted:
+            multipart[name] = wanted
+    composite = [name for name, wanted in multipart.items() if any(c.composite for c in wanted)]
+    with storage_errors(f"reading the part sizes of {len(composite)} objects"):
+        first = s3.first_part_sizes(fs, [join(root, name) for name in composite]) if composite else {}
+    out: dict[str, _Target] = {}
+    for name, wanted in multipart.items():
+        size, version = sizes[name], asked[name].version
+        part = first.get(join(root, name))
+        usable = tuple(c for c in wanted if not c.composite or _layout_fits(size, c.parts, part))
+        if usable and version is not None:
+            out[name] = _Target(size, version, usable, part)
+    return out
+
+
+def _layout_fits(size: int, parts: int | None, part_size: int | None) -> bool:
+    """Whether ``parts`` parts of ``part_size`` bytes (the last taking the rest) can make ``size`` bytes."""
+    if not parts or not part_size:
+        return False
+    return part_size == size if parts == 1 else (parts - 1) * part_size < size
+
+
+# --------------------------------------------------------------------------- the sidecar
+
+
+def read_records(fs: fsspec.AbstractFileSystem, root: str) -> Records | None:
+    """The sidecar at ``root`` (``None`` when there is none). One that cannot be read or parsed is
+    logged and ignored: it only spares reads, and every file it would have attested is read."""
+    path = join(root, CHECKSUMS_FILENAME)
+    try:
+        raw = read_file(fs, path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("not using %s (%s): every file is read", printable(describe(fs, path)), printable(str(exc)))
+        return None
+    try:
+        return Records.from_json(raw)
+    except ManifestError as exc:
+        log.warning("ignoring %s: %s", printable(describe(fs, path)), printable(str(exc)))
+        return None
+
+
+def record_checksums(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    manifest: Manifest,
+    new: Mapping[str, Record],
+    *,
+    existing: Records | None = None,
+    present: Iterable[str] = (),
+) -> None:
+    """Add ``new`` records to the sidecar at ``root`` (merged with ``existing``, the sidecar read
+    before), in one atomic write. ``present``: the names the listing showed at the root beside
+    the content; a root that holds ``model.sig`` is left as it is (model_signing's verifier
+    refuses files a signature does not ignore, as older signatures do not ignore the sidecar).
+
+    Never raises for a storage failure: the operation that recorded has succeeded, and a role
+    allowed to read but not to write is common for audits. It is logged (INFO when refused).
+    """
+    if not new:
+        return
+    if SIGNATURE_FILENAME in set(present):
+        log.info("not recording store checksums at %s: it is signed (%s)", describe(fs, root), SIGNATURE_FILENAME)
+        return
+    records = (existing or Records.of(manifest)).merged(manifest, new)
+    path = join(root, CHECKSUMS_FILENAME)
+    from .write import write_atomic
+
+    try:
+        write_atomic(fs, path, records.to_json())
+    except PermissionError as exc:
+        log.info("could not record store checksums at %s (%s)", printable(describe(fs, path)), printable(str(exc)))
+        return
+    except Exception as exc:  # storage failures of every kind: the verdict stands
+        log.warning(
+            "could not record store checksums at %s (%s): attested verifies will read these files",
+            printable(describe(fs, path)),
+            printable(str(exc)),
+        )
+        return
+    log.info("recorded the store checksums of %d files at %s", len(new), printable(describe(fs, path)))
