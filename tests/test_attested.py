@@ -468,3 +468,76 @@ def test_a_refused_write_of_the_sidecar_never_fails_the_verify(
     assert report.ok and report.bytes_checked == sum(map(len, PLAIN.values()))
     assert any("could not record" in r.getMessage() for r in caplog.records)
     assert SIDECAR not in store.listdir()
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """``integrity-fs ARGS`` in this process, stdout and stderr captured."""
+    import contextlib
+    import io
+
+    from integrity_fs.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_cli_says_which_checksum_attested_each_file(store: Backend) -> None:
+    """``--attested`` before or after the URL, ``--attested crc``, and ``--json``'s ``attested_by``."""
+    pieces = [os.urandom(5 * MIB + 7), os.urandom(5 * MIB), os.urandom(1000)]
+    _write_plain(store, {"config.json": PLAIN["config.json"]})
+    if store.name == "gcs":
+        _compose_without_md5(store, "model.bin", pieces)
+    else:
+        _multipart_crc32(store, "model.bin", pieces)
+    options = [f"-o{key}={json.dumps(value)}" for key, value in _flat(store.storage_options).items()]
+    assert _cli("seal", store.url, *options)[0] == 0
+    crc = "crc32c" if store.name == "gcs" else "crc32"
+    code, out, _ = _cli("verify", "--attested", store.url, *options)
+    assert code == 0 and "1 file attested by the store unread, the rest hashed (--attested): 1 by md5" in out
+    code, out, _ = _cli("verify", store.url, "--attested", "crc", "--json", *options)
+    report = json.loads(out)
+    assert code == 0 and report["attested"] == "crc" and report["bytes_checked"] == 0
+    assert report["attested_by"] == {"config.json": "md5", "model.bin": crc}
+    code, out, _ = _cli("verify", store.url, "--attested=crc", *options)
+    assert code == 0 and f"none read (--attested crc): 1 by {crc}, 1 by md5" in out
+    code, _, err = _cli("verify", store.url, "--attested=sha512", *options)
+    assert code == 2 and "--attested crc" in err
+
+
+def _flat(options: dict[str, object], prefix: str = "") -> dict[str, object]:
+    """Storage options as the CLI's dotted ``-o`` keys."""
+    out: dict[str, object] = {}
+    for key, value in options.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_what_a_transfer_writes_is_recorded_at_the_destination(
+    store: Backend, tmp_path: object, server_log: pytest.LogCaptureFixture
+) -> None:
+    """``upload`` and ``copy`` write every byte: the destination store's checksums of what they
+    sent (GCS's MD5; S3's ETag of a plain stream) are recorded there, so an attested verify of
+    the copy reads nothing. On S3, chunks of 1 MiB (parts S3 refuses) go up as a plain stream."""
+    local = os.path.join(os.fspath(tmp_path), "src")  # type: ignore[call-overload]
+    os.makedirs(local)
+    for name, data in PLAIN.items():
+        with open(os.path.join(local, name), "wb") as f:
+            f.write(data)
+    options = store.storage_options
+    up = f"{store.url}/up"
+    integrity_fs.upload(local, up, storage_options=options, granularity="chunk", chunk_size=MIB)
+    server_log.clear()
+    report = integrity_fs.verify(up, storage_options=options, attested=True)
+    assert report.files_attested == len(PLAIN) and report.bytes_checked == 0
+    assert report.attested_by["model.bin"] == "md5"  # on S3 the one-chunk files carry our SHA-256
+    copied = f"{store.url}/copied"
+    integrity_fs.copy(up, copied, src_options=options, dst_options=options)
+    server_log.clear()
+    report = integrity_fs.verify(copied, storage_options=options, attested=True)
+    assert report.files_attested == len(PLAIN) and report.bytes_checked == 0
+    assert _object_gets(server_log.records, store) == []

@@ -7,12 +7,14 @@ Internal: the verbs of integrity_fs call these; users call the verbs.
 from .checksums import (
     Recording,
     StoreHasher,
+    WriteRecording,
     keeps_checksums,
     listed_states,
     object_states,
     plan_recording,
     read_records,
     record_checksums,
+    record_written,
 )
 from .copying import copy_file
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
@@ -71,6 +73,7 @@ __all__ = [
     "SizeChangedError",
     "StoreHasher",
     "Version",
+    "WriteRecording",
     "Written",
     "beneath_caches",
     "check_no_clashes",
@@ -102,6 +105,7 @@ __all__ = [
     "read_file",
     "read_records",
     "record_checksums",
+    "record_written",
     "remove_file",
     "remove_files",
     "resolve",

@@ -38,6 +38,7 @@ from .urls import describe, join
 __all__ = [
     "Recording",
     "StoreHasher",
+    "WriteRecording",
     "computable",
     "keeps_checksums",
     "listed_state",
@@ -46,6 +47,7 @@ __all__ = [
     "plan_recording",
     "read_records",
     "record_checksums",
+    "record_written",
 ]
 
 log = logging.getLogger("integrity_fs")
@@ -164,20 +166,22 @@ def computable(algorithm: str) -> bool:
 
 class StoreHasher:
     """One store checksum of an object, computed from its bytes fed in order from the first:
-    of the whole object, or composite over ``parts`` parts of ``part_size`` bytes each but the
-    last, which takes the rest (the layouts of s3fs, boto3 and the AWS CLI)."""
+    of the whole object, or composite over parts of ``part_size`` bytes each but the last, which
+    takes the rest (the layouts of s3fs, boto3 and the AWS CLI). ``size`` ``None`` (a write of
+    unknown length): every part is ``part_size`` bytes but the last, however many there are."""
 
-    def __init__(self, want: StoreChecksum, size: int, part_size: int | None = None) -> None:
+    def __init__(self, want: StoreChecksum, size: int | None, part_size: int | None = None) -> None:
         hasher = _new(want.algorithm)
         assert hasher is not None, want.algorithm
         self.want, self._size = want, size
         self._hasher = hasher
         self._fed = 0
         self._parts: list[bytes] | None = None
+        self._part_size = part_size or 0
         self._part_end = size
         if want.composite:
-            assert want.parts and part_size
-            self._parts, self._part_size = [], part_size
+            assert part_size and (want.parts or size is None)
+            self._parts = []
             self._part_end = size if want.parts == 1 else part_size
 
     def update(self, data: bytes | bytearray | memoryview, /) -> None:
@@ -187,32 +191,34 @@ class StoreHasher:
             return
         view = memoryview(data)
         while len(view):
-            room = self._part_end - self._fed
+            room = self._part_end - self._fed if self._part_end is not None else len(view)
             take = view[:room] if room > 0 else view  # past the object's end: result() says so
             self._hasher.update(take)
             self._fed += len(take)
             view = view[len(take) :]
-            if self._fed == self._part_end and self._fed < self._size:
+            if self._fed == self._part_end and (self._size is None or self._fed < self._size):
                 self._next_part()
 
     def _next_part(self) -> None:
-        assert self._parts is not None and self.want.parts is not None
+        assert self._parts is not None
         self._parts.append(self._hasher.digest())
         hasher = _new(self.want.algorithm)
         assert hasher is not None
         self._hasher = hasher
-        last = len(self._parts) + 1 >= self.want.parts
+        last = self.want.parts is not None and len(self._parts) + 1 >= self.want.parts
         self._part_end = self._size if last else self._fed + self._part_size
 
     def result(self) -> str | None:
         """The checksum's value (:attr:`StoreChecksum.value`), or ``None`` when the bytes fed were
         not exactly the object's."""
-        if self._fed != self._size:
+        if self._size is not None and self._fed != self._size:
             return None
         if self._parts is None:
             return self._hasher.hexdigest()
-        parts = [*self._parts, self._hasher.digest()]
-        if len(parts) != self.want.parts:
+        parts = list(self._parts)
+        if self._size is not None or self._fed % self._part_size or not parts:
+            parts.append(self._hasher.digest())  # the last part (or the only one)
+        if self.want.parts is not None and len(parts) != self.want.parts:
             return None
         outer = _new(self.want.algorithm)
         assert outer is not None
@@ -362,6 +368,75 @@ def _layout_fits(size: int, parts: int | None, part_size: int | None) -> bool:
     if not parts or not part_size:
         return False
     return part_size == size if parts == 1 else (parts - 1) * part_size < size
+
+
+class WriteRecording:
+    """The store checksums of the files a transfer writes to S3 or GCS, computed as they are
+    sent, and recorded once the store lists them equal (:meth:`records`).
+
+    GCS keeps an MD5 of every object a write makes: it is computed. S3 keeps its ETag: for a file
+    sent as a plain stream (not with integrity_fs's SHA-256 checksums, which attest as they are),
+    its MD5, and the MD5 of its parts' MD5s at s3fs's block size (a multipart upload).
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self._fs = fs
+        self._gcs, self._s3 = gcs.is_gcs(fs), s3.is_s3(fs)
+        self._made: dict[str, list[StoreHasher]] = {}
+
+    def __bool__(self) -> bool:
+        return self._gcs or self._s3
+
+    def sinks(self, name: str, size: int, *, checksummed: bool) -> list[StoreHasher]:
+        """New hashers for one attempt at writing ``name`` (``size`` bytes); ``checksummed``: the
+        write carries integrity_fs's SHA-256 checksums (nothing to record on S3)."""
+        md5 = StoreChecksum("", False, None, "md5")
+        made: list[StoreHasher] = []
+        if self._gcs:
+            made = [StoreHasher(md5, size)]
+        elif self._s3 and not checksummed:
+            block = int(getattr(self._fs, "default_block_size", 0) or 0)
+            made = [StoreHasher(md5, size)]
+            if block and size > block:
+                made.append(StoreHasher(StoreChecksum("", True, -(-size // block), "md5"), size, block))
+        self._made[name] = made
+        return made
+
+    def records(self, root: str, manifest: Manifest) -> tuple[dict[str, Record], dict[str, ObjectState]]:
+        """The records of the files written whose store checksum (a fresh listing of ``root``)
+        equals the one computed, and what that listing shows (the root's other files by name)."""
+        if not self._made:
+            return {}, {}
+        states = listed_states(self._fs, root)
+        out: dict[str, Record] = {}
+        for name, made in self._made.items():
+            state = states.get(name)
+            if state is None or state.version is None or name not in manifest.files or manifest.sizes is None:
+                continue
+            equal = {}
+            for hasher in made:
+                kept = state.checksums.get(hasher.want.algorithm)
+                if kept is not None and hasher.result() == kept.value:
+                    equal[kept.algorithm] = kept.value
+            if equal:
+                out[name] = Record(manifest.files[name], manifest.sizes[name], state.version, equal)
+        return out, states
+
+
+def record_written(
+    fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, recording: WriteRecording, *, signed: bool = False
+) -> None:
+    """Record what ``recording`` computed of the files just written under ``root`` (after the
+    manifest): never raises for a storage failure (see :func:`record_checksums`). ``signed``:
+    the signature there was just made by integrity_fs, and ignores the sidecar."""
+    try:
+        new, states = recording.records(root, manifest)
+    except OSError as exc:
+        log.warning("could not list %s to record its store checksums (%s)", describe(fs, root), printable(str(exc)))
+        return
+    existing = read_records(fs, root) if CHECKSUMS_FILENAME in states else None
+    present = [name for name in states if name != SIGNATURE_FILENAME or not signed]
+    record_checksums(fs, root, manifest, new, existing=existing, present=present)
 
 
 # --------------------------------------------------------------------------- the sidecar

@@ -16,7 +16,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import fsspec
@@ -26,6 +26,7 @@ from ..hashing import StreamDigest, new_hasher
 from ..recorded import ObjectState
 from . import s3
 from .errors import storage_errors
+from .read import Sink
 from .urls import is_local
 
 __all__ = [
@@ -121,7 +122,8 @@ class SealingWriter:
 
     ``written`` (a transfer's): the path is recorded there from the moment the destination may
     hold any of it (a local or memory file from its opening, an object from its commit), and a
-    local file is fsynced when it is closed.
+    local file is fsynced when it is closed. ``sinks``: given whether the write carries S3
+    checksums, what else the bytes go to, in order (the store's own checksums, to record).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class SealingWriter:
         size: int | None = None,
         growing: bool = False,
         written: Written | None = None,
+        sinks: Callable[[bool], Sequence[Sink]] | None = None,
     ) -> None:
         self.path = path
         self._written = written
@@ -159,6 +162,7 @@ class SealingWriter:
             self._upload = s3.ChecksummedUpload(fs, path)
         else:
             self._open_stream()
+        self._sinks = sinks(self._upload is not None) if sinks is not None else ()
 
     def _open_stream(self) -> None:
         if is_local(self._fs):
@@ -182,6 +186,8 @@ class SealingWriter:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._digest.update(data)
+        for sink in self._sinks:
+            sink.update(data)
         if self._stream is not None:
             self._stream.write(data)
             return
