@@ -541,3 +541,23 @@ def test_what_a_transfer_writes_is_recorded_at_the_destination(
     report = integrity_fs.verify(copied, storage_options=options, attested=True)
     assert report.files_attested == len(PLAIN) and report.bytes_checked == 0
     assert _object_gets(server_log.records, store) == []
+
+
+def test_a_dcp_save_to_gcs_is_attested_without_reading_it(
+    gcs_backend: Backend, server_log: pytest.LogCaptureFixture
+) -> None:
+    """``dcp.save`` writes every byte: GCS's MD5 of each file, computed as it is written, is
+    recorded once the store lists it, so the default (chunk) save attests unread."""
+    pytest.importorskip("torch")
+    import torch
+
+    from integrity_fs import dcp
+
+    state = {"big": torch.randn(3_000_000, generator=torch.Generator().manual_seed(1)), "step": 3}  # 12 MB
+    manifest = dcp.save(state, gcs_backend.url, storage_options=gcs_backend.storage_options)
+    assert manifest.granularity == "chunk" and SIDECAR in gcs_backend.listdir()
+    server_log.clear()
+    report = _verify(gcs_backend, attested=True)
+    assert report.files_attested == len(manifest.files) and report.bytes_checked == 0
+    assert set(report.attested_by.values()) == {"md5"}
+    assert _object_gets(server_log.records, gcs_backend) == []

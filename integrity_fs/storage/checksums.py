@@ -40,6 +40,7 @@ __all__ = [
     "StoreHasher",
     "WriteRecording",
     "computable",
+    "computed_values",
     "keeps_checksums",
     "listed_state",
     "listed_states",
@@ -372,7 +373,7 @@ def _layout_fits(size: int, parts: int | None, part_size: int | None) -> bool:
 
 class WriteRecording:
     """The store checksums of the files a transfer writes to S3 or GCS, computed as they are
-    sent, and recorded once the store lists them equal (:meth:`records`).
+    sent, and recorded once the store lists them equal (:func:`record_written`).
 
     GCS keeps an MD5 of every object a write makes: it is computed. S3 keeps its ETag: for a file
     sent as a plain stream (not with integrity_fs's SHA-256 checksums, which attest as they are),
@@ -387,9 +388,10 @@ class WriteRecording:
     def __bool__(self) -> bool:
         return self._gcs or self._s3
 
-    def sinks(self, name: str, size: int, *, checksummed: bool) -> list[StoreHasher]:
-        """New hashers for one attempt at writing ``name`` (``size`` bytes); ``checksummed``: the
-        write carries integrity_fs's SHA-256 checksums (nothing to record on S3)."""
+    def sinks(self, name: str, size: int | None, *, checksummed: bool) -> list[StoreHasher]:
+        """New hashers for one attempt at writing ``name`` (``size`` bytes, ``None``: not known in
+        advance); ``checksummed``: the write carries integrity_fs's SHA-256 checksums (nothing
+        to record on S3)."""
         md5 = StoreChecksum("", False, None, "md5")
         made: list[StoreHasher] = []
         if self._gcs:
@@ -397,43 +399,53 @@ class WriteRecording:
         elif self._s3 and not checksummed:
             block = int(getattr(self._fs, "default_block_size", 0) or 0)
             made = [StoreHasher(md5, size)]
-            if block and size > block:
-                made.append(StoreHasher(StoreChecksum("", True, -(-size // block), "md5"), size, block))
+            if block and (size is None or size > block):
+                parts = None if size is None else -(-size // block)
+                made.append(StoreHasher(StoreChecksum("", True, parts, "md5"), size, block))
         self._made[name] = made
         return made
 
-    def records(self, root: str, manifest: Manifest) -> tuple[dict[str, Record], dict[str, ObjectState]]:
-        """The records of the files written whose store checksum (a fresh listing of ``root``)
-        equals the one computed, and what that listing shows (the root's other files by name)."""
-        if not self._made:
-            return {}, {}
-        states = listed_states(self._fs, root)
-        out: dict[str, Record] = {}
-        for name, made in self._made.items():
-            state = states.get(name)
-            if state is None or state.version is None or name not in manifest.files or manifest.sizes is None:
-                continue
-            equal = {}
-            for hasher in made:
-                kept = state.checksums.get(hasher.want.algorithm)
-                if kept is not None and hasher.result() == kept.value:
-                    equal[kept.algorithm] = kept.value
-            if equal:
-                out[name] = Record(manifest.files[name], manifest.sizes[name], state.version, equal)
-        return out, states
+    def computed(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """What the last attempt at each file computed: (algorithm, value) pairs."""
+        return {name: computed_values(made) for name, made in self._made.items()}
+
+
+def computed_values(made: Iterable[StoreHasher]) -> tuple[tuple[str, str], ...]:
+    """The (algorithm, value) of each hasher that saw a whole object."""
+    return tuple((h.want.algorithm, value) for h in made if (value := h.result()) is not None)
 
 
 def record_written(
-    fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, recording: WriteRecording, *, signed: bool = False
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    manifest: Manifest,
+    computed: Mapping[str, Iterable[tuple[str, str]]],
+    *,
+    signed: bool = False,
 ) -> None:
-    """Record what ``recording`` computed of the files just written under ``root`` (after the
-    manifest): never raises for a storage failure (see :func:`record_checksums`). ``signed``:
-    the signature there was just made by integrity_fs, and ignores the sidecar."""
+    """Record the files just written under ``root`` (after the manifest) whose store checksum, in
+    a fresh listing, equals one ``computed`` from the bytes sent (name -> (algorithm, value)
+    pairs). Never raises for a storage failure (see :func:`record_checksums`). ``signed``: the
+    signature there was just made by integrity_fs, and ignores the sidecar."""
+    if not computed or not keeps_checksums(fs):
+        return
     try:
-        new, states = recording.records(root, manifest)
+        states = listed_states(fs, root)
     except OSError as exc:
         log.warning("could not list %s to record its store checksums (%s)", describe(fs, root), printable(str(exc)))
         return
+    new: dict[str, Record] = {}
+    for name, values in computed.items():
+        state = states.get(name)
+        if state is None or state.version is None or name not in manifest.files or manifest.sizes is None:
+            continue
+        equal = {
+            algorithm: value
+            for algorithm, value in values
+            if (kept := state.checksums.get(algorithm)) is not None and kept.value == value
+        }
+        if equal:
+            new[name] = Record(manifest.files[name], manifest.sizes[name], state.version, equal)
     existing = read_records(fs, root) if CHECKSUMS_FILENAME in states else None
     present = [name for name in states if name != SIGNATURE_FILENAME or not signed]
     record_checksums(fs, root, manifest, new, existing=existing, present=present)

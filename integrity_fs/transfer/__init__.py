@@ -336,7 +336,7 @@ def _record(dst: Side, manifest: Manifest, recording: storage.WriteRecording, *,
     (S3 and GCS; never fails the transfer). ``signed``: it signed with its own key, whose
     signature ignores the sidecar (a signature carried from the source may not)."""
     if recording:
-        storage.record_written(dst.fs, dst.root, manifest, recording, signed=signed)
+        storage.record_written(dst.fs, dst.root, manifest, recording.computed(), signed=signed)
 
 
 def _signature_of(src: Side) -> bytes | None:
