@@ -273,6 +273,8 @@ def test_a_plain_checkpoint_sealed_once_is_attested_without_reading_it(
     assert report.bytes_checked == 0
     assert report.attested_by == dict.fromkeys(sorted(PLAIN), "md5")
     assert _object_gets(server_log.records, store) == []
+    # The fewest requests: the recorded MD5s attest from the listing (S3's ETags, GCS's md5Hash).
+    assert not [r for r in server_log.records if "?attributes" in r.getMessage()]
     # The sidecar is never content: not extra, not a strict failure, not in the manifest.
     strict = _verify(store, strict=True)
     assert (

@@ -4,19 +4,7 @@ pinned, retried reader) and writing (atomic, checksummed, never half-committed).
 Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
-from .checksums import (
-    Recording,
-    StoreHasher,
-    WriteRecording,
-    computed_values,
-    keeps_checksums,
-    listed_states,
-    object_states,
-    plan_recording,
-    read_records,
-    record_checksums,
-    record_written,
-)
+from .checksums import StoreHasher, computed_values, keeps_checksums, listed_states, object_states
 from .copying import copy_file
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import (
@@ -44,6 +32,7 @@ from .read import (
     open_range,
     read_file,
 )
+from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
 from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, place, resolve
 from .write import (
     SealingWriter,
