@@ -1,4 +1,4 @@
-"""Attested verify vs full verify on S3, uploads with and without S3
+"""Attested verify vs full verify on S3 and GCS, uploads with and without S3
 checksums, and seal with and without a signature.
 
 Three sections of ``python -m benchmarks``:
@@ -8,6 +8,9 @@ Three sections of ``python -m benchmarks``:
   against a full ``verify`` of the same objects, GetObjectAttributes requests alone (one at a time,
   and 16 in flight) for the per-request time of the 2 TB model, and one untimed call of each
   verify with every request the moto server answers counted (GETs of object content and their bytes).
+  Then the same files written by another tool (plain s3fs writes to moto; gcsfs writes to the GCS
+  emulator) and sealed once, which records the store's own MD5s: attested against full verify,
+  with the content reads counted at the server.
 - ``upload``: the same files written to moto with ``SealingWriter`` against a plain s3fs
   ``fs.open(path, "wb")`` stream with ``hashlib.sha256`` of the same bytes (hash and send).
 - ``signing``: ``seal(private_key=...)`` against ``seal()`` on the local several-large-files set.
@@ -23,6 +26,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,11 +87,18 @@ def verify(url: str, storage_options: dict[str, Any], *, attested: bool) -> Run:
     return lambda: integrity_fs.verify(url, storage_options=storage_options, attested=attested)
 
 
+#: The checkpoints another tool wrote (no checksums of ours), sealed once: (key, label).
+RECORDED = (
+    ("plain", "S3 (moto), plain s3fs writes, sealed once"),
+    ("gcs", "GCS (emulator), gcsfs writes, sealed once"),
+)
+
+
 @contender(PREFIX + "attributes")
 def attributes(paths: list[str], storage_options: dict[str, Any], *, in_flight: int, requests: int) -> Run:
     """``requests`` GetObjectAttributes requests over ``paths`` (what attested verify asks per
     file), ``in_flight`` at a time, through the same function verify uses."""
-    from integrity_fs import _s3
+    from integrity_fs.storage import s3 as _s3
 
     _s3.CHECKSUM_REQUESTS = in_flight
     fs = _s3fs(storage_options)
@@ -328,6 +339,117 @@ def run_attested(bench: Bench, run_name: str) -> None:
         _s3fs(options).rm(url.removeprefix("s3://"), recursive=True)  # moto keeps objects in this process
 
 
+@contextmanager
+def gcs_emulator() -> Iterator[tuple[dict[str, Any], dict[str, int]]]:
+    """The GCS emulator in this process, with an empty bucket ``s3.BUCKET``: its storage options,
+    and a count of the media downloads (reads of object content) it serves, by object name."""
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # read by gcsfs at import (children too)
+    import logging
+
+    from gcp_storage_emulator import server as emulator
+    from gcp_storage_emulator.handlers import objects
+
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)  # one line per request otherwise
+    downloads: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def counted(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            name = str(request.params.get("object_id", ""))
+            downloads[name] = downloads.get(name, 0) + 1
+        return objects.download(request, response, storage, *args, **kwargs)
+
+    for _regex, handlers in emulator.HANDLERS:
+        if handlers.get(emulator.GET) is objects.download:
+            handlers[emulator.GET] = counted
+    server = emulator.create_server("127.0.0.1", 0, in_memory=True, default_bucket=s3.BUCKET)
+    server.start()
+    try:
+        port = server._api._httpd.server_address[1]  # bound to port 0; the emulator has no public getter
+        yield {"endpoint_url": f"http://127.0.0.1:{port}", "token": "anon"}, downloads
+    finally:
+        server.stop()
+        for _regex, handlers in emulator.HANDLERS:
+            if handlers.get(emulator.GET) is counted:
+                handlers[emulator.GET] = objects.download
+
+
+def _plain_checkpoint(protocol: str, options: dict[str, Any], ds: Dataset, root: str) -> str:
+    """Write ``ds``'s files as another tool does (plain s3fs or gcsfs writes, no checksums of
+    ours), then seal them there once: every byte read, the store's own MD5s recorded. The URL."""
+    import fsspec
+
+    import integrity_fs
+
+    fs = fsspec.filesystem(protocol, **options)
+    dest = f"{s3.BUCKET}/recorded-{protocol}-{ds.name}"
+    for path in datasets.data_files(root, ds):
+        with fs.open(f"{dest}/{os.path.basename(path)}", "wb") as out:
+            for piece in _pieces(path):
+                out.write(piece)
+    fs.invalidate_cache()
+    url = f"{protocol}://{dest}"
+    integrity_fs.seal(url, storage_options=options, overwrite=True)
+    return url
+
+
+def _add_recorded(bench: Bench, ds: Dataset, name: str, title: str, url: str, options: dict[str, Any]) -> None:
+    label = f"{title} ({shape(ds)})"
+    for how, attested in (("full", False), ("attested", True)):
+        bench.add(
+            "attested",
+            label,
+            "integrity_fs.verify(attested=True): recorded MD5s" if attested else "integrity_fs.verify (every byte)",
+            PREFIX + "verify",
+            {"url": url, "storage_options": options, "attested": attested},
+            ds.total_bytes,
+            key=f"{ds.key}:{name}-{how}",
+            server=True,
+            reads_content=not attested,
+        )
+
+
+def run_recorded(bench: Bench, run_name: str) -> None:
+    """Attested vs full verify of checkpoints another tool wrote, sealed once (the store's MD5s
+    recorded): plain s3fs writes to moto, gcsfs writes to the GCS emulator; content reads counted."""
+    import integrity_fs
+
+    ds = sizes(run_name).checkpoint
+    datasets.ensure_data(bench.root, ds)
+    datasets.warm(datasets.data_files(bench.root, ds))
+    not_content = (integrity_fs.MANIFEST_FILENAME, "_integrity_store_checksums.json")
+    counter = RequestCounter()
+    with s3.moto_server(counter.wrap) as options:
+        log(f"  writing {shape(ds)} to moto with plain s3fs writes, then sealing it once ...")
+        url = _plain_checkpoint("s3", options, ds, bench.root)
+        _add_recorded(bench, ds, "plain", RECORDED[0][1], url, options)
+        bench.run()
+        prefix = "/" + url.removeprefix("s3://") + "/"
+        for how, attested in (("full", False), ("attested", True)):
+            counter.reset(prefix, not_content)
+            report = integrity_fs.verify(url, storage_options=options, attested=attested)
+            row = bench.find(f"{ds.key}:plain-{how}")
+            if row is not None:
+                row.result["requests"] = {"object_gets": counter.counts.object_gets, "total": counter.counts.total}
+                row.result["report"] = {"files_attested": report.files_attested, "bytes_checked": report.bytes_checked}
+        counter.reset("", ())
+        _s3fs(options).rm(url.removeprefix("s3://"), recursive=True)
+    with gcs_emulator() as (options, downloads):
+        log(f"  writing {shape(ds)} to the GCS emulator with gcsfs, then sealing it once ...")
+        url = _plain_checkpoint("gs", options, ds, bench.root)
+        _add_recorded(bench, ds, "gcs", RECORDED[1][1], url, options)
+        bench.run()
+        root = url.removeprefix(f"gs://{s3.BUCKET}/")
+        for how, attested in (("full", False), ("attested", True)):
+            downloads.clear()
+            report = integrity_fs.verify(url, storage_options=options, attested=attested)
+            reads = sum(n for name, n in downloads.items() if name.startswith(root) and not name.endswith(not_content))
+            row = bench.find(f"{ds.key}:gcs-{how}")
+            if row is not None:
+                row.result["requests"] = {"object_gets": reads}
+                row.result["report"] = {"files_attested": report.files_attested, "bytes_checked": report.bytes_checked}
+
+
 def run_upload(bench: Bench, run_name: str) -> None:
     """The attested checkpoint's files written to moto with SealingWriter vs s3fs + hashlib."""
     size = sizes(run_name)
@@ -508,6 +630,7 @@ def lines(bench: Bench, run_name: str, signing_ds: Dataset) -> list[str]:
             f"process): attested ≈ {typical[0]:.0f}-{typical[1]:.0f} s vs full ≈ {typical_read:,.0f} s "
             f"({typical_read / typical[1]:.0f}-{typical_read / typical[0]:.0f}x); larger files need fewer requests"
         )
+    out += _recorded_lines(bench, run_name)
     sealing, plain = f("upload:sealing"), f("upload:plain")
     if sealing and plain:
         name = f"upload with S3 checksums (SealingWriter) vs s3fs + hashlib, {shape(ds)} to moto"
@@ -529,4 +652,30 @@ def lines(bench: Bench, run_name: str, signing_ds: Dataset) -> list[str]:
     if signed and unsigned:
         name = f"seal(private_key=…) vs seal(), {signing_ds.label} ({shape(signing_ds)})"
         out.append(_overhead_line(name, signed, unsigned, 1.02))
+    return out
+
+
+def _recorded_lines(bench: Bench, run_name: str) -> list[str]:
+    """The targets of the recorded-checksum rows: attested ≥ 20x full, 0 content bytes read."""
+    out: list[str] = []
+    ds = sizes(run_name).checkpoint
+    for name, title in RECORDED:
+        full, attested = bench.find(f"{ds.key}:{name}-full"), bench.find(f"{ds.key}:{name}-attested")
+        if not (full and attested):
+            continue
+        speedup = full.median_s / attested.median_s
+        seen, report = attested.result.get("requests") or {}, attested.result.get("report") or {}
+        text = (
+            f"attested verify, {title} ({shape(ds)}): {attested.median_s * 1000:.1f} ms vs {full.median_s:.3f} s "
+            f"full = {speedup:.0f}x faster, {seen.get('object_gets', '?')} reads of object content, "
+            f"Report.files_attested = {report.get('files_attested', '?')} of {ds.count}, bytes_checked = "
+            f"{report.get('bytes_checked', '?')}; target ≥ 20x and 0 content bytes read"
+        )
+        zero = seen.get("object_gets") == 0 and report.get("bytes_checked") == 0
+        if run_name == "quick":
+            out.append(f"- NOTE {text} (the target is for {shape(FULL.checkpoint)}, the full run)")
+        else:
+            out.append(
+                verdict(speedup >= 20 and zero and report.get("files_attested") == ds.count, text, full, attested)
+            )
     return out

@@ -53,7 +53,7 @@ from .collectives import (
 from .errors import IntegrityError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit
 from .manifest import Manifest
-from .options import SealOptions, VerifyOptions, Work
+from .options import Attested, SealOptions, VerifyOptions, Work
 from .report import Report, printable
 from .seal import SealPlan, finish_seal, plan_seal, seal_at, seal_options
 from .verify import (
@@ -72,7 +72,7 @@ from .work import UnitOutcome, hash_units
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from .storage.s3 import StoreChecksum
+    from .recorded import ObjectState
 
 __all__ = [
     "INSTALL_HINT",
@@ -106,7 +106,7 @@ def verify(
     callback: Callback | None = None,
     strict: bool = False,
     quick: bool = False,
-    attested: bool = False,
+    attested: Attested = False,
     manifest: Manifest | URL | None = None,
     public_key: signing.PublicKey | None = None,
     expected_name: str | None = None,
@@ -233,11 +233,12 @@ def shard_units(units: Sequence[Unit], world_size: int) -> list[list[Unit]]:
 
 @dataclass(frozen=True)
 class _VerifyPlan:
-    """Rank 0's preparation, as every rank receives it; ``attest``: ask the store for checksums."""
+    """Rank 0's preparation, as every rank receives it; ``attest``: ask the store for checksums
+    (``True``, or ``"crc"``: CRCs attest too)."""
 
     prepared: Prepared
     algorithm: str
-    attest: bool = False
+    attest: Attested = False
 
     @property
     def units(self) -> Sequence[Unit]:
@@ -284,12 +285,13 @@ def _plan_verify(view: _View | None, options: VerifyOptions) -> _VerifyPlan:
     """Rank 0: read the manifest (and check the signature with a key) against its listing."""
     assert view is not None
     prepared = prepare(view.fs, view.root, options, sizes=view.sizes)
-    attest = bool(options.attested) and not options.quick
-    attest = attest and bool(attestable_names(prepared.manifest, prepared.plan))
+    attest = options.attested if options.attested and not options.quick else False
+    if attest and not attestable_names(prepared.manifest, prepared.plan):
+        attest = False
     return _VerifyPlan(prepared, prepared.manifest.algorithm, attest)
 
 
-_Checksums = dict[str, "StoreChecksum | None"]
+_Checksums = dict[str, "ObjectState | None"]
 
 
 def _checksum_share(g: Group, view: _View | None, planned: _VerifyPlan) -> _Checksums:
@@ -308,7 +310,7 @@ def _attest(planned: _VerifyPlan, checksums: Sequence[_Checksums | Failure]) -> 
             return share
         merged.update(share)
     prepared = planned.prepared
-    confirmed = attested_names(prepared.manifest, merged)
+    confirmed = attested_names(prepared.manifest, merged, records=prepared.records, mode=planned.attest)
     plan = without_attested(prepared.plan, confirmed)
     return dataclasses.replace(planned, prepared=dataclasses.replace(prepared, plan=plan))
 

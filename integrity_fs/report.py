@@ -5,7 +5,8 @@ Pure data with no I/O, imported by ``errors`` and ``core`` alike (so neither imp
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
@@ -67,13 +68,21 @@ class Problem:
 
 @dataclass(frozen=True)
 class Report:
-    """The outcome of a verification. ``ok`` is True exactly when ``problems`` is empty."""
+    """The outcome of a verification. ``ok`` is True exactly when ``problems`` is empty.
+
+    ``attested_by`` names the store checksum that attested each of the ``files_attested`` files
+    (unread): ``"sha256"`` (S3's SHA-256, equal to the manifest's digest), or a checksum the store
+    still shows and integrity_fs recorded when it last read or wrote every byte of the file:
+    ``"sha1"``, ``"md5"`` (GCS's MD5, or S3's ETag), and with ``attested="crc"`` also
+    ``"crc32c"``, ``"crc32"``.
+    """
 
     problems: tuple[Problem, ...] = ()
     extra: tuple[str, ...] = ()
     files_checked: int = 0
     bytes_checked: int = 0
     files_attested: int = 0
+    attested_by: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -87,4 +96,5 @@ class Report:
             "files_checked": self.files_checked,
             "bytes_checked": self.bytes_checked,
             "files_attested": self.files_attested,
+            "attested_by": dict(self.attested_by),
         }

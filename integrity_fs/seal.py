@@ -25,8 +25,9 @@ from .errors import FileChangedError, ManifestError
 from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, file_digest, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
 from .options import Hashing, SealOptions, Work
-from .report import printable
-from .verify import log_done, verify
+from .recorded import CHECKSUMS_FILENAME, ObjectState
+from .report import SIGNATURE_FILENAME, printable
+from .verify import log_done, verify, whole_files
 from .work import Grown, UnitOutcome, hash_units
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "build_manifest",
     "finish_seal",
     "plan_seal",
+    "record_after_seal",
     "seal",
     "seal_at",
     "seal_options",
@@ -77,12 +79,34 @@ def seal_at(fs: fsspec.AbstractFileSystem, root: str, options: SealOptions, work
     """The seal pipeline at ``root`` of ``fs``: :func:`plan_seal`, the hashing, :func:`finish_seal`."""
     started = time.perf_counter()
     versions: dict[str, storage.Version] = {}
-    plan = plan_seal(fs, root, options, versions=versions)
-    digests = hash_units(fs, root, options.hashing.algorithm, plan.units, versions=versions, work=work)
+    states: dict[str, ObjectState] | None = {} if storage.keeps_checksums(fs) else None
+    plan = plan_seal(fs, root, options, versions=versions, states=states)
+    algorithm = options.hashing.algorithm
+    recording = storage.plan_recording(fs, root, whole_files(plan.units), states, algorithm=algorithm)
+    extra = recording.extra() if recording else None
+    digests = hash_units(fs, root, algorithm, plan.units, versions=versions, work=work, extra=extra)
     del versions
     manifest = finish_seal(fs, root, options, plan, digests)
+    if recording and states is not None:
+        record_after_seal(fs, root, manifest, recording, states, signed=options.key is not None)
     log_done("sealed", plan.location, len(manifest.files), manifest.total_bytes or 0, started)
     return manifest
+
+
+def record_after_seal(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    manifest: Manifest,
+    recording: storage.Recording,
+    states: Mapping[str, ObjectState],
+    *,
+    signed: bool = False,
+) -> None:
+    """Record the store checksums that the seal's reads confirmed (merged with a sidecar already
+    there); ``signed``: the seal has just written the signature, which ignores the sidecar."""
+    existing = storage.read_records(fs, root) if CHECKSUMS_FILENAME in states else None
+    present = [name for name in states if name != SIGNATURE_FILENAME or not signed]
+    storage.record_checksums(fs, root, manifest, recording.records(manifest), existing=existing, present=present)
 
 
 def seal_options(
@@ -120,15 +144,17 @@ def plan_seal(
     *,
     sizes: dict[str, int] | None = None,
     versions: dict[str, storage.Version] | None = None,
+    states: dict[str, ObjectState] | None = None,
 ) -> SealPlan:
     """Everything a seal checks before it reads content: a sealed root is refused (unless
     ``options.overwrite``), the root is listed (``sizes``: a listing already made; ``versions``
-    receives the listing's versions otherwise), every name must fit a manifest (and, with a key,
-    a signature), and no file may be cut into more than :data:`MAX_CHUNKS_PER_FILE` chunks."""
+    and ``states`` receive the listing's versions and store checksums otherwise), every name must
+    fit a manifest (and, with a key, a signature), and no file may be cut into more than
+    :data:`MAX_CHUNKS_PER_FILE` chunks."""
     if not options.overwrite:
         refuse_if_sealed(fs, root)
     if sizes is None:
-        sizes = storage.list_files(fs, root, versions=versions)
+        sizes = storage.list_files(fs, root, versions=versions, states=states)
     if not sizes:  # a root that is a file lists nothing on some stores
         storage.check_root(fs, root)
     check_names(fs, root, sizes)

@@ -15,8 +15,8 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -26,22 +26,26 @@ from .errors import IntegrityError, SignatureError
 from .hashing import Unit, chunk_range, file_digest, plan_units
 from .manifest import Manifest
 from .options import Attested, VerifyOptions, Work
+from .recorded import CHECKSUMS_FILENAME, ObjectState, Records, attesting_kinds
 from .report import Problem, Report, printable
 from .work import Grown, UnitOutcome, hash_units
-
-if TYPE_CHECKING:
-    from .storage.s3 import StoreChecksum
 
 __all__ = [
     "Prepared",
     "VerificationPlan",
     "attest",
+    "attestable_names",
+    "attested_names",
+    "attesting_digest",
     "check",
+    "fetch_checksums",
     "finish_verification",
     "plan_verification",
     "prepare",
     "verify",
     "verify_options",
+    "whole_files",
+    "without_attested",
 ]
 
 log = logging.getLogger("integrity_fs")
@@ -100,18 +104,45 @@ def check(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions, work
     the hashing, :func:`finish_verification`; raises as :func:`verify` does."""
     started = time.perf_counter()
     versions: dict[str, storage.Version] = {}
-    prepared = prepare(fs, root, options, versions=None if options.quick else versions)
+    states: dict[str, ObjectState] | None = None
+    if not options.quick and storage.keeps_checksums(fs):
+        states = {}
+    prepared = prepare(fs, root, options, versions=None if options.quick else versions, states=states)
     plan = prepared.plan
     if options.attested and not options.quick:
-        plan = attest(fs, root, prepared.manifest, plan)
-    digests = hash_units(fs, root, prepared.manifest.algorithm, plan.units, versions=versions, work=work)
+        plan = attest(fs, root, prepared.manifest, plan, mode=options.attested, listed=states, records=prepared.records)
+    records = prepared.records
+    recording = storage.Recording()
+    if states is not None and options.manifest is None:  # what a read of every byte may record
+        if records is None and CHECKSUMS_FILENAME in states:
+            records = storage.read_records(fs, root)
+        recording = storage.plan_recording(
+            fs,
+            root,
+            whole_files(plan.units),
+            states,
+            algorithm=prepared.manifest.algorithm,
+            records=records,
+            manifest=prepared.manifest,
+        )
+    extra = recording.extra() if recording else None
+    digests = hash_units(fs, root, prepared.manifest.algorithm, plan.units, versions=versions, work=work, extra=extra)
     report = finish_verification(prepared.manifest, plan, digests)
     if not report.ok:
         if prepared.manifest_format == "sha256sum" and options.manifest_format == "auto":
             warn_if_b3sum(report, options.manifest)
         raise IntegrityError(report, prepared.location)
+    if recording:
+        new = recording.records(prepared.manifest)
+        storage.record_checksums(fs, root, prepared.manifest, new, existing=records, present=states or ())
     log_done("verified", prepared.location, report.files_checked, report.bytes_checked, started)
     return report
+
+
+def whole_files(units: Iterable[Unit]) -> dict[str, int]:
+    """The files of ``units`` that one unit reads whole (file granularity, one-chunk files): their
+    bytes pass in order through one reader, so the store's own checksums can be computed too."""
+    return {u.name: u.length for u in units if u.offset == 0 and u.length == u.file_size}
 
 
 def verify_options(
@@ -161,6 +192,7 @@ class Prepared:
     plan: VerificationPlan
     location: str
     manifest_format: str | None = None  # the format of the manifest file read, if one was
+    records: Records | None = None  # the recorded store checksums, read for an attested verification
 
 
 def prepare(
@@ -170,16 +202,23 @@ def prepare(
     *,
     sizes: dict[str, int] | None = None,
     versions: dict[str, storage.Version] | None = None,
+    states: dict[str, ObjectState] | None = None,
 ) -> Prepared:
     """The manifest to verify against (see :func:`verify`), its signature checked with
     ``options.key``, and the root's listing compared with it (``sizes``: a listing already made;
-    ``versions`` receives the listing's versions otherwise).
+    ``versions`` and ``states`` receive the listing's versions and store checksums otherwise).
 
     The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
+    For an attested verification without a key, the recorded store checksums are read too (with
+    a key only the store's SHA-256 attests: the signature does not cover the records).
     """
-    manifest, listing, kind = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions)
+    manifest, listing, kind = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions, states=states)
     plan = plan_verification(manifest, listing, strict=options.strict, quick=options.quick)
-    return Prepared(manifest, plan, storage.describe(fs, root), kind)
+    records = None
+    listed = states is None or CHECKSUMS_FILENAME in states  # a listing made here shows the sidecar
+    if options.attested and not options.quick and options.key is None and storage.keeps_checksums(fs) and listed:
+        records = storage.read_records(fs, root)
+    return Prepared(manifest, plan, storage.describe(fs, root), kind, records)
 
 
 def manifest_and_listing(
@@ -189,6 +228,7 @@ def manifest_and_listing(
     *,
     sizes: dict[str, int] | None = None,
     versions: dict[str, storage.Version] | None = None,
+    states: dict[str, ObjectState] | None = None,
 ) -> tuple[Manifest, dict[str, int], str | None]:
     """The manifest to verify against, the listing to check it with (see :func:`prepare`), and
     the format of the manifest file read (``None``: none was).
@@ -199,7 +239,11 @@ def manifest_and_listing(
     ``SignatureError``, ``strict`` or not (model_signing's verifier refuses such files too).
     """
     found, in_use, kind = manifests.manifest_in_use(fs, root, options)
-    listing = dict(sizes) if sizes is not None else storage.list_files(fs, root, versions=versions, leftovers=True)
+    listing = (
+        dict(sizes)
+        if sizes is not None
+        else storage.list_files(fs, root, versions=versions, leftovers=True, states=states)
+    )
     if in_use is not None:
         listing.pop(in_use, None)
     if options.key is not None:
@@ -238,10 +282,23 @@ class VerificationPlan:
     sizes: Mapping[str, int]  # files to hash: present, and of the manifest's size
     units: tuple[Unit, ...]
     attested: tuple[str, ...] = ()  # files the store's own checksum confirmed: not hashed
+    attested_by: Mapping[str, str] = field(default_factory=dict)  # each one's checksum ("sha256", "md5", ...)
 
 
-def attest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, plan: VerificationPlan) -> VerificationPlan:
-    """``plan`` less the files whose store-kept checksum equals their manifest digest.
+def attest(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    manifest: Manifest,
+    plan: VerificationPlan,
+    *,
+    mode: Attested = True,
+    listed: Mapping[str, ObjectState] | None = None,
+    records: Records | None = None,
+) -> VerificationPlan:
+    """``plan`` less the files the store's own checksums confirm: a SHA-256 equal to their
+    manifest digest, or (from ``records``, never with a key) a checksum equal to the one recorded
+    when integrity_fs last read or wrote every byte of them. ``mode``: ``True`` for checksums a
+    forger needs a second preimage to match (SHA-256, SHA-1, MD5), ``"crc"`` for CRCs as well.
 
     A checksum that is absent, not comparable or different attests nothing: the file stays in
     the plan and its read decides (another part layout gives another checksum for the same bytes).
@@ -251,7 +308,8 @@ def attest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, plan: V
     names = attestable_names(manifest, plan)
     if not names:
         return plan
-    return without_attested(plan, attested_names(manifest, fetch_checksums(fs, root, names)))
+    checksums = fetch_checksums(fs, root, names, manifest=manifest, listed=listed, records=records, mode=mode)
+    return without_attested(plan, attested_names(manifest, checksums, records=records, mode=mode))
 
 
 def attestable_names(manifest: Manifest, plan: VerificationPlan) -> list[str]:
@@ -262,32 +320,69 @@ def attestable_names(manifest: Manifest, plan: VerificationPlan) -> list[str]:
     return sorted(plan.sizes)
 
 
-def fetch_checksums(fs: fsspec.AbstractFileSystem, root: str, names: Sequence[str]) -> dict[str, StoreChecksum | None]:
-    """What the store keeps for each of ``names`` under ``root`` (one request each, no content read)."""
-    paths = {storage.join(root, name): name for name in names}
-    return {paths[path]: checksum for path, checksum in storage.store_checksums(fs, list(paths)).items()}
+def fetch_checksums(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    names: Sequence[str],
+    *,
+    manifest: Manifest | None = None,
+    listed: Mapping[str, ObjectState] | None = None,
+    records: Records | None = None,
+    mode: Attested = True,
+) -> dict[str, ObjectState | None]:
+    """What the store shows for each of ``names`` under ``root``, with the fewest requests it
+    allows and no content read: the listing's (``listed``, or a fresh one on GCS) for files it
+    already attests from ``records``; on S3 one GetObjectAttributes request for each other file."""
+    if not storage.keeps_checksums(fs):
+        return dict.fromkeys(names)
+    kinds = attesting_kinds(mode)
+    done: dict[str, ObjectState | None] = {}
+    if records is not None and manifest is not None and listed is not None:
+        for name in names:
+            state = listed.get(name)
+            if records.attested_by(manifest, name, state, kinds):
+                done[name] = state
+    rest = storage.object_states(fs, root, [n for n in names if n not in done], listed)
+    return {name: done[name] if name in done else rest.get(name) for name in names}
 
 
-def attested_names(manifest: Manifest, checksums: Mapping[str, StoreChecksum | None]) -> set[str]:
-    """The names whose store checksum is comparable with, and equal to, their manifest digest."""
-    return {
-        name
-        for name, checksum in checksums.items()
-        if checksum is not None
-        and attesting_digest(manifest, name, checksum.composite, checksum.parts) == checksum.digest
-    }
+def attested_names(
+    manifest: Manifest,
+    checksums: Mapping[str, ObjectState | None],
+    *,
+    records: Records | None = None,
+    mode: Attested = True,
+) -> dict[str, str]:
+    """The names the store's checksums attest, each with the checksum that did: ``"sha256"``
+    where S3's SHA-256 is comparable with, and equal to, the manifest digest; else the recorded
+    checksum (of ``mode``'s kinds, strongest first) the store still shows."""
+    kinds = attesting_kinds(mode)
+    out: dict[str, str] = {}
+    for name, state in checksums.items():
+        if state is None:
+            continue
+        direct = state.checksums.get("sha256")
+        if direct is not None and attesting_digest(manifest, name, direct.composite, direct.parts) == direct.digest:
+            out[name] = "sha256"
+            continue
+        kind = records.attested_by(manifest, name, state, kinds) if records is not None else None
+        if kind is not None:
+            out[name] = kind
+    return out
 
 
-def without_attested(plan: VerificationPlan, confirmed: Iterable[str]) -> VerificationPlan:
-    """``plan`` with the ``confirmed`` files moved from the hashing to ``attested``."""
-    confirmed = set(confirmed)
-    if not confirmed:
+def without_attested(plan: VerificationPlan, confirmed: Mapping[str, str] | Iterable[str]) -> VerificationPlan:
+    """``plan`` with the ``confirmed`` files (and, given as a mapping, the checksum that confirmed
+    each; S3's SHA-256 otherwise) moved from the hashing to ``attested``."""
+    by = dict(confirmed) if isinstance(confirmed, Mapping) else dict.fromkeys(confirmed, "sha256")
+    if not by:
         return plan
     return dataclasses.replace(
         plan,
-        sizes={n: s for n, s in plan.sizes.items() if n not in confirmed},
-        units=tuple(u for u in plan.units if u.name not in confirmed),
-        attested=tuple(sorted(confirmed)),
+        sizes={n: s for n, s in plan.sizes.items() if n not in by},
+        units=tuple(u for u in plan.units if u.name not in by),
+        attested=tuple(sorted(by)),
+        attested_by=dict(sorted(by.items())),
     )
 
 
@@ -386,4 +481,5 @@ def finish_verification(manifest: Manifest, plan: VerificationPlan, digests: Map
         files_checked=len(manifest.files) - missing,
         bytes_checked=bytes_checked,
         files_attested=len(plan.attested),
+        attested_by=dict(plan.attested_by) if plan.attested_by else dict.fromkeys(plan.attested, "sha256"),
     )

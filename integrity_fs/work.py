@@ -72,6 +72,7 @@ def hash_units(
     *,
     versions: Mapping[str, storage.Version] | None = None,
     work: Work = DEFAULT_WORK,
+    extra: Mapping[str, Callable[[], list[storage.Sink]]] | None = None,
 ) -> dict[Unit, UnitOutcome]:
     """Digest of every unit, hashed concurrently, largest first; ``None`` for a vanished file
     (or one that is no longer a regular file, or is a directory now), ``Grown`` for a file that
@@ -80,7 +81,8 @@ def hash_units(
     Each read is pinned to the file's entry in ``versions`` (the listing's): a file whose version
     changed raises ``FileChangedError``. Small local files go in batches, one task each (see
     ``SMALL_FILE``); the stop flag is checked between the files of a batch. The first failure
-    stops the rest (within a block or a file) and is raised.
+    stops the rest (within a block or a file) and is raised. ``extra``: for files read whole (one
+    unit), what makes the hashers their bytes also go to (``storage.Recording.extra``).
     """
     todo = sorted(units, key=_length, reverse=True)
     progress = progress_fn(work.callback, sum(u.length for u in todo))
@@ -89,6 +91,7 @@ def hash_units(
     workers = min(work.max_workers or default_workers(fs), max(1, len(tasks)))
     prefix = root.rstrip("/") + "/"
     pins: Mapping[str, storage.Version] = versions or {}
+    others: Mapping[str, Callable[[], list[storage.Sink]]] = extra or {}
 
     def one(unit: Unit, buffer: memoryview | None, report: storage.ProgressFn | None) -> UnitOutcome:
         try:
@@ -103,6 +106,7 @@ def hash_units(
                 version=pins.get(unit.name),
                 stop=stop,
                 buffer=buffer,
+                extra=others.get(unit.name) if unit.offset == 0 and unit.length == unit.file_size else None,
             )
         except (FileNotFoundError, IsADirectoryError, storage.NotARegularFileError):
             return None

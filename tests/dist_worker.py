@@ -92,7 +92,7 @@ class ChecksumRequests:
     def __init__(self, fault: BaseException | None = None) -> None:
         self.asked = 0
         self.fault = fault
-        self._original = storage.store_checksums
+        self._original = storage.object_checksums
 
         def counting(fs: Any, paths: list[str]) -> Any:
             if self.fault is not None:
@@ -100,10 +100,10 @@ class ChecksumRequests:
             self.asked += len(paths)
             return self._original(fs, paths)
 
-        storage.store_checksums = counting  # type: ignore[assignment]
+        storage.object_checksums = counting  # type: ignore[assignment]
 
     def close(self) -> int:
-        storage.store_checksums = self._original  # type: ignore[assignment]
+        storage.object_checksums = self._original  # type: ignore[assignment]
         return self.asked
 
 

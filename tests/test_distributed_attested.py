@@ -25,6 +25,7 @@ FILES = {
     **{f"shard_{i}.bin": os.urandom(1000 + i) for i in range(5)},  # one PUT each: a full-object checksum
 }
 BIG = len(FILES["big.bin"])
+NOT_CONTENT = (ifs.MANIFEST_FILENAME, "_integrity_store_checksums.json")
 Results = dict[str, list[dict[str, Any]]]
 
 
@@ -39,9 +40,10 @@ class ServerLog(logging.Handler):
         self.lines.append(record.getMessage())
 
     def gets(self, prefix: str) -> list[str]:
-        """Paths of the GETs under ``prefix`` (other than the manifest's), ``?attributes`` included."""
+        """Paths of the GETs under ``prefix`` (other than the manifest's and the sidecar's),
+        ``?attributes`` included."""
         paths = (m.group(1) for line in self.lines if (m := re.search(r"GET (\S+) HTTP", line)))
-        return [p for p in paths if p.startswith(prefix) and ifs.MANIFEST_FILENAME not in p]
+        return [p for p in paths if p.startswith(prefix) and not p.endswith(NOT_CONTENT)]
 
 
 def _write_sealed(fs: fsspec.AbstractFileSystem, root: str, options: dict[str, Any]) -> None:
@@ -61,9 +63,15 @@ def attested(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> tupl
     options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
     fs = fsspec.filesystem("s3", **options)
     base = f"integrity-test/attested-{uuid.uuid4().hex}"
-    roots = {name: f"{base}/{name}" for name in ("good", "replaced", "faults")}
-    for root in roots.values():
-        _write_sealed(fs, root, options)
+    roots = {name: f"{base}/{name}" for name in ("good", "replaced", "faults", "plain")}
+    for name, root in roots.items():
+        if name != "plain":
+            _write_sealed(fs, root, options)
+    for name, data in FILES.items():  # another tool's writes (plain s3fs), sealed: S3's MD5s recorded
+        with fs.open(f"{roots['plain']}/{name}", "wb", block_size=CHUNK) as f:
+            f.write(data)
+    fs.invalidate_cache()
+    ifs.seal(f"s3://{roots['plain']}", storage_options=options)
     damaged = bytearray(FILES["big.bin"])
     damaged[CHUNK + 7] ^= 1
     fs.pipe_file(f"{roots['replaced']}/big.bin", bytes(damaged))  # another tool's PUT: no SHA-256 of ours
@@ -81,6 +89,7 @@ def attested(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> tupl
         sc("interrupted", "sharded", "faults", checksum_fault_rank=1, checksum_fault="KeyboardInterrupt"),
         sc("after", "sharded", "good"),  # the group is still in step
         sc("hashed", "sharded", "faults", attested=False),
+        sc("plain", "sharded", "plain"),
     ]
     log = ServerLog()
     werkzeug = logging.getLogger("werkzeug")
@@ -145,3 +154,14 @@ def test_a_checksum_request_failing_on_one_rank_is_raised_on_every_rank(attested
     assert {k: rank0[k] for k in ("type", "message")} == {"type": "RuntimeError", "message": "KeyboardInterrupt"}
     hashed = _shared(results["hashed"])["report"]  # without attested: every byte read, as before
     assert hashed["files_attested"] == 0 and hashed["bytes_checked"] == sum(map(len, FILES.values()))
+
+
+def test_sharded_attested_verify_attests_from_recorded_store_checksums(attested: Any) -> None:
+    """A checkpoint another tool wrote, sealed once: every rank attests each file from the MD5 the
+    seal recorded (S3's ETag), the same on every rank, and no rank reads any content."""
+    prefixes, results, log = attested
+    report = _shared(results["plain"])["report"]
+    assert report["ok"] and report["files_attested"] == len(FILES) and report["bytes_checked"] == 0
+    assert report["attested_by"] == dict.fromkeys(sorted(FILES), "md5")
+    assert [o["hashed"] for o in results["plain"]] == [0, 0]
+    assert [g for g in log.gets(prefixes["plain"]) if not g.endswith("?attributes")] == []

@@ -18,7 +18,7 @@ import integrity_fs
 
 PACKAGE = Path(integrity_fs.__file__).parent
 #: Modules without I/O: they may not import fsspec at all.
-PURE = {"manifest", "hashing", "report", "errors", "text", "options", "formats", "signing"}
+PURE = {"manifest", "hashing", "report", "errors", "text", "options", "formats", "signing", "recorded"}
 #: What only ``storage`` may import: fsspec's backends and the stores' own client packages.
 #: The demo runs an S3 server of its own and talks to it: the one edge module that may.
 EDGE_BACKENDS = {"cli.demo"}

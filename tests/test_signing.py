@@ -137,7 +137,8 @@ def test_model_signing_verifies_a_file_granularity_signature(ckpt: Path, key: Ke
     assert statement["predicateType"] == "https://model_signing/signature/v1.0"
     assert statement["subject"][0]["name"] == "step_100"
     assert statement["predicate"]["serialization"]["method"] == "files"
-    assert set(statement["predicate"]["serialization"]["ignore_paths"]) == {MANIFEST_FILENAME, SIGNATURE_FILENAME}
+    ignored = {MANIFEST_FILENAME, SIGNATURE_FILENAME, "_integrity_store_checksums.json"}
+    assert set(statement["predicate"]["serialization"]["ignore_paths"]) == ignored
     signed = {r["name"]: r["digest"] for r in statement["predicate"]["resources"]}
     assert signed == dict(manifest.files)
     theirs = _ms_payload(ckpt, None)

@@ -25,6 +25,8 @@ __all__ = [
     "add_mode",
     "add_public_key",
     "add_sign_key",
+    "attested_argv",
+    "attested_value",
     "build_storage_options",
     "byte_size",
     "copy_arguments",
@@ -225,15 +227,52 @@ def sign_arguments(parser: argparse.ArgumentParser) -> None:
     add_sign_key(parser, "--key", required=True)
 
 
+def attested_value(text: str) -> bool | str:
+    """``--attested``'s value: none (``True``), or ``crc``."""
+    if text in ("crc", "CRC"):
+        return "crc"
+    if text == "true":
+        return True
+    raise argparse.ArgumentTypeError(f"{text!r}: write --attested, or --attested crc (CRCs attest too)")
+
+
+def attested_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--attested`` given its value in the same token (``--attested=crc`` when
+    ``crc`` follows it, else ``--attested=true``), so that the URL after a bare ``--attested`` is
+    never taken for its value."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":
+            out += args[i:]
+            break
+        if token == "--attested":
+            crc = i + 1 < len(args) and args[i + 1] in ("crc", "CRC")
+            out.append("--attested=crc" if crc else "--attested=true")
+            i += 2 if crc else 1
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def verify_arguments(parser: argparse.ArgumentParser) -> None:
     url_argument()(parser)
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="files not in the manifest are problems too")
     parser.add_argument(
         "--attested",
-        action="store_true",
-        help="S3: confirm files whose S3-kept SHA-256 equals the manifest's without reading them "
-        "(trusts S3's own hashing); the rest are hashed",
+        nargs="?",
+        const=True,
+        default=False,
+        type=attested_value,
+        metavar="crc",
+        help="S3, GCS: confirm files unread whose store-kept checksum vouches for them: S3's SHA-256 "
+        "equal to the manifest's, or the MD5/SHA-1 recorded when integrity-fs last read or wrote "
+        "them (trusts the store's own hashing); the rest are hashed. '--attested crc': CRCs too "
+        "(accidental change only, not a forger)",
     )
     parser.add_argument(
         "--manifest",

@@ -24,6 +24,7 @@ from ..text import format_work
 from . import demo, launch
 from .args import (
     add_common_options,
+    attested_argv,
     build_storage_options,
     copy_arguments,
     download_arguments,
@@ -328,7 +329,8 @@ COMMANDS: list[Command] = [
             "verify s3://bucket/run/step_1000",
             "verify s3://bucket/run/step_1000 --quick        # names and sizes only",
             "verify ./step_1000 --strict --json              # extra files fail too; JSON report",
-            "verify s3://bucket/run/step_1000 --attested     # S3 checksums instead of reads",
+            "verify s3://bucket/run/step_1000 --attested     # the store's checksums instead of reads",
+            "verify gs://bucket/run/step_1000 --attested crc # CRCs too (rot only, not a forger)",
             "verify ./iter_0001000 --manifest integrity.json # Megatron's manifest, inside the root",
             "verify ./step_1000 --public-key signing-key.pub # signature, then content",
         ),
@@ -474,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring). Under a launcher
     (``WORLD_SIZE`` > 1), ``seal``, ``verify``, ``latest`` and ``status`` run as collectives
     (:mod:`.launch`)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = attested_argv(sys.argv[1:] if argv is None else argv)
 
     def report(error: BaseException, args: argparse.Namespace | None) -> int:
         return report_error(error, args, as_json="--json" in argv, debug=False)

@@ -29,6 +29,7 @@ __all__ = [
     "LARGEST_SHOWN",
     "OneLine",
     "Run",
+    "attested_kinds",
     "cli_logging",
     "failure",
     "print_failure",
@@ -239,13 +240,22 @@ def verify_notes(args: argparse.Namespace, report: Report) -> Iterator[str]:
         yield f"; signature checked with {args.public_key}"
     if args.attested and not args.quick and report.ok:
         attested = report.files_attested
+        flag = "--attested crc" if args.attested == "crc" else "--attested"
         if attested == report.files_checked and attested:
-            yield "; every file attested by the store, none read (--attested)"
+            yield f"; every file attested by the store, none read ({flag}){attested_kinds(report)}"
         elif attested:
             noun = "file" if attested == 1 else "files"
-            yield f"; {attested} {noun} attested by the store unread, the rest hashed (--attested)"
+            yield f"; {attested} {noun} attested by the store unread, the rest hashed ({flag}){attested_kinds(report)}"
         else:
-            yield "; no file attested by the store, all hashed (--attested)"
+            yield f"; no file attested by the store, all hashed ({flag})"
+
+
+def attested_kinds(report: Report) -> str:
+    """How many files each store checksum attested: ``": 3 by md5, 1 by sha256"``."""
+    counts: dict[str, int] = {}
+    for kind in report.attested_by.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    return ": " + ", ".join(f"{n} by {kind}" for kind, n in sorted(counts.items())) if counts else ""
 
 
 def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool, full: bool) -> None:

@@ -50,6 +50,7 @@ class WrittenFile(NamedTuple):
     size: int
     digests: tuple[str, ...]
     hashing: str = ""
+    checksums: tuple[tuple[str, str], ...] = ()  # the store's own checksums, as computed while writing
 
 
 class HashingFsspecWriter(FsspecWriter):
@@ -137,14 +138,16 @@ class HashingFsspecWriter(FsspecWriter):
         fs, root = storage.resolve(self.path, fs=self.hashing_fs.fs)
         manifests.write_sealed(fs, root, manifest, key=self._signing_pem)
         self.manifest = manifest
+        computed = {f.name: f.checksums for f in files if f.checksums}
+        storage.record_written(fs, root, manifest, computed, signed=self._signing_pem is not None)
 
     def _written_files(self) -> list[WrittenFile]:
         prefix = os.fspath(self.path).rstrip("/") + "/"
         out = []
-        for path, (size, digests) in self.hashing_fs.take_written().items():
+        for path, (size, digests, checksums) in self.hashing_fs.take_written().items():
             if not path.startswith(prefix):
                 raise ValueError(f"{path} was written outside the checkpoint at {self.path}")
-            out.append(WrittenFile(path[len(prefix) :], size, digests, self.hashing))
+            out.append(WrittenFile(path[len(prefix) :], size, digests, self.hashing, checksums))
         return out
 
     def _build_manifest(self, files: Sequence[WrittenFile]) -> Manifest:
@@ -155,6 +158,25 @@ class HashingFsspecWriter(FsspecWriter):
                 start, end = chunk_range(f.size, self.chunk_size or max(1, f.size), index)
                 digests[Unit(f.name, index, start, end - start)] = digest
         return build_manifest(self._hashing, sizes, digests)
+
+
+class _Teed:
+    """A write stream whose bytes also go to ``sinks``, in order (the store's own checksums, on
+    S3 and GCS); everything else is the stream's."""
+
+    def __init__(self, raw: Any, sinks: Sequence[storage.Sink]) -> None:
+        self._raw, self._sinks = raw, sinks
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = self._raw.write(data)
+        n = len(view) if written is None else int(written)
+        for sink in self._sinks:
+            sink.update(view[:n])
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def _pem(key: Any) -> bytes:
@@ -182,7 +204,7 @@ class _HashingFileSystem(_FsspecFileSystem):
         self._algorithm = algorithm
         self._chunk_size = chunk_size
         self._checksums = storage.SealingWriter.carries_checksums(fs, algorithm)
-        self._written: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._written: dict[str, tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -224,17 +246,21 @@ class _HashingFileSystem(_FsspecFileSystem):
                         self.rm_file(path)
                 raise
             size, digests = sealing.finish()
+            checksums: tuple[tuple[str, str], ...] = ()
         else:
+            recording = storage.WriteRecording(self.fs)
+            sinks = recording.sinks(os.fspath(path), None, checksummed=False) if recording else []
             with super().create_stream(path, mode) as raw:
-                stream = HashingStream(raw, self._algorithm, self._chunk_size)
+                stream = HashingStream(_Teed(raw, sinks) if sinks else raw, self._algorithm, self._chunk_size)
                 try:
                     yield stream
                 except BaseException:
                     stream.abandon()
                     raise
                 size, digests = stream.finish()
+            checksums = storage.computed_values(sinks)
         with self._lock:
-            self._written[os.fspath(path)] = (size, digests)
+            self._written[os.fspath(path)] = (size, digests, checksums)
 
     def rename(self, path: URL, new_path: URL) -> None:
         if self._checksums:
@@ -255,8 +281,9 @@ class _HashingFileSystem(_FsspecFileSystem):
         with self._lock:
             self._written.pop(os.fspath(path), None)
 
-    def take_written(self) -> dict[str, tuple[int, tuple[str, ...]]]:
-        """Size and digests of every file written (and closed) since the last call."""
+    def take_written(self) -> dict[str, tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]]:
+        """Size, digests and store checksums (S3 and GCS: as computed while writing, to record
+        once the store lists them) of every file written (and closed) since the last call."""
         with self._lock:
             written, self._written = self._written, {}
         return written

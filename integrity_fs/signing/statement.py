@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import ManifestError
 from ..hashing import chunk_count, chunk_range, combine_chunk_digests
 from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
+from ..recorded import CHECKSUMS_FILENAME
 from ..report import SIGNATURE_FILENAME, printable
 
 __all__ = [
@@ -59,8 +60,9 @@ PREDICATE_TYPE_COMPAT = "https://model_signing/Digests/v0.1"
 #: The predicate field this project adds (model_signing's verifier ignores it).
 EXTENSION = "integrity_fs"
 
-#: Files model_signing's verifier must not hash: our manifest and the signature itself.
-IGNORE_PATHS = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
+#: Files model_signing's verifier must not hash: our manifest, the signature itself, and the
+#: sidecar of recorded store checksums (never content).
+IGNORE_PATHS = (MANIFEST_FILENAME, SIGNATURE_FILENAME, CHECKSUMS_FILENAME)
 
 #: The SHA-256 of no bytes: the one chunk of an empty file.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()

@@ -4,6 +4,7 @@ pinned, retried reader) and writing (atomic, checksummed, never half-committed).
 Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
+from .checksums import StoreHasher, computed_values, keeps_checksums, listed_states, object_states
 from .copying import copy_file
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import (
@@ -23,6 +24,7 @@ from .read import (
     BLOCK_SIZE,
     ProgressFn,
     Range,
+    Sink,
     check_stop,
     fresh_size,
     hash_range,
@@ -30,12 +32,14 @@ from .read import (
     open_range,
     read_file,
 )
+from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
 from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, place, resolve
 from .write import (
     SealingWriter,
     Written,
     make_local_parent,
     makedirs,
+    object_checksums,
     remove_file,
     remove_files,
     store_checksums,
@@ -52,15 +56,20 @@ __all__ = [
     "Place",
     "ProgressFn",
     "Range",
+    "Recording",
     "SealingWriter",
     "ShortReadError",
+    "Sink",
     "SizeChangedError",
+    "StoreHasher",
     "Version",
+    "WriteRecording",
     "Written",
     "beneath_caches",
     "check_no_clashes",
     "check_root",
     "check_stop",
+    "computed_values",
     "copy_file",
     "describe",
     "exists",
@@ -70,16 +79,24 @@ __all__ = [
     "hash_range",
     "is_local",
     "join",
+    "keeps_checksums",
     "list_dirs",
     "list_files",
+    "listed_states",
     "local_filesystem",
     "make_local_parent",
     "makedirs",
+    "object_checksums",
+    "object_states",
     "on_loop",
     "open_range",
     "overlap",
     "place",
+    "plan_recording",
     "read_file",
+    "read_records",
+    "record_checksums",
+    "record_written",
     "remove_file",
     "remove_files",
     "resolve",

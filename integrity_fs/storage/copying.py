@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import fsspec
 
 from .errors import NotARegularFileError, ShortReadError, SizeChangedError
 from .listing import Version
-from .read import BLOCK_SIZE, ProgressFn, Vanished, check_stop, fresh_size, open_range, read_attempts, retried
+from .read import (
+    BLOCK_SIZE,
+    ProgressFn,
+    Sink,
+    Vanished,
+    check_stop,
+    fresh_size,
+    open_range,
+    read_attempts,
+    retried,
+)
 from .urls import describe
 from .write import SealingWriter, Written
 
@@ -35,6 +45,7 @@ def copy_file(
     version: Version | None = None,
     stop: threading.Event | None = None,
     written: Written | None = None,
+    sinks: Callable[[bool], Sequence[Sink]] | None = None,
 ) -> tuple[str, ...] | None:
     """Copy exactly ``length`` bytes of ``path`` to ``dst_path`` through a :class:`SealingWriter`
     (recording the write in ``written``); the unit digests of what was written, or ``None`` when
@@ -47,7 +58,8 @@ def copy_file(
     (the writer is aborted and the file sent again), a refused permission is raised at once.
     Whatever fails, nothing half-written is committed. A destination that is not there (a
     directory removed, a bucket that does not exist) is an ``OSError`` about the destination,
-    raised at once: never taken for a source that vanished.
+    raised at once: never taken for a source that vanished. ``sinks``: as for the writer (each
+    attempt makes its own).
     """
     what = f"copying {describe(fs, path)} to {describe(dst_fs, dst_path)}"
     sent = [0]  # bytes sent (and reported to ``progress``) by the attempt under way
@@ -62,6 +74,7 @@ def copy_file(
                 chunk_size=chunk_size,
                 size=length,
                 written=written,
+                sinks=sinks,
             )
 
     def once(attempt: int) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""GCS reads pinned to the generation their listing saw.
+"""GCS reads pinned to the generation their listing saw, and the checksums its listings show.
 
 Each request carries ``ifGenerationMatch``: an object replaced since the listing is refused by
 GCS (412) and raises ``FileChangedError``, never served. A range is read in requests of
@@ -9,19 +9,41 @@ Only ``storage`` imports this module; it talks to GCS through gcsfs's ``_call``.
 
 from __future__ import annotations
 
+import base64
+import binascii
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
 
 from ..errors import FileChangedError
+from ..recorded import DIGEST_SIZES, ObjectState, StoreChecksum
 
-__all__ = ["GcsRange", "is_gcs"]
+__all__ = ["GcsRange", "is_gcs", "listed_state"]
 
 
 def is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
     """True for gcsfs filesystems."""
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return bool({"gs", "gcs"} & set(protocols)) and hasattr(fs, "_call") and hasattr(fs, "url")
+
+
+def listed_state(info: Mapping[str, Any]) -> ObjectState:
+    """What a GCS listing shows of an object: its generation, its MD5 (every object but a
+    composite one) and its CRC32C (every object), both of the whole object."""
+    found: dict[str, StoreChecksum] = {}
+    for key, algorithm in (("md5Hash", "md5"), ("crc32c", "crc32c")):
+        value = info.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if len(raw) == DIGEST_SIZES[algorithm]:
+            found[algorithm] = StoreChecksum(raw.hex(), False, None, algorithm)
+    generation = info.get("generation")
+    return ObjectState(str(generation) if generation is not None else None, found)
 
 
 def _changed(path: str, generation: str) -> FileChangedError:

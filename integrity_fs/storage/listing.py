@@ -20,7 +20,9 @@ from typing import Any
 import fsspec
 
 from ..manifest import MANIFEST_FILENAME
+from ..recorded import CHECKSUMS_FILENAME, ObjectState
 from ..report import SIGNATURE_FILENAME, printable
+from . import gcs, s3
 from .errors import storage_errors
 from .gcs import is_gcs
 from .urls import describe, is_local
@@ -45,8 +47,9 @@ __all__ = [
 
 log = logging.getLogger("integrity_fs")
 
-#: Files at the root that describe the checkpoint and are not its content.
-NOT_CONTENT = (MANIFEST_FILENAME, SIGNATURE_FILENAME)
+#: Files at the root that describe the checkpoint and are not its content: the manifest, the
+#: signature and the sidecar of recorded store checksums.
+NOT_CONTENT = (MANIFEST_FILENAME, SIGNATURE_FILENAME, CHECKSUMS_FILENAME)
 #: What :func:`write_atomic` names its temporary file at a local root (``mkstemp``: 8 random
 #: characters). One left by a killed seal or sign (see :func:`is_leftover`) is not content.
 LEFT_BY_WRITE = re.compile(rf"\.(?:{'|'.join(map(re.escape, NOT_CONTENT))})\.[A-Za-z0-9_]{{8}}\.tmp")
@@ -134,6 +137,7 @@ def list_files(
     stamps: dict[str, str] | None = None,
     versions: dict[str, Version] | None = None,
     leftovers: bool = False,
+    states: dict[str, ObjectState] | None = None,
 ) -> dict[str, int]:
     """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
 
@@ -165,6 +169,10 @@ def list_files(
         if info.get("type", "file") != "file" or not path.startswith(prefix):
             continue
         name = path[len(prefix) :]
+        if states is not None and name:
+            state = _listed_state(fs, info)
+            if state is not None:
+                states[name] = state
         if name and name not in NOT_CONTENT and not _is_folder_marker(name, info):
             out[name] = int(info["size"])
             if stamps is not None or versions is not None:
@@ -174,6 +182,14 @@ def list_files(
                 if versions is not None:
                     versions[name] = version
     return dict(sorted(out.items()))
+
+
+def _listed_state(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> ObjectState | None:
+    if is_gcs(fs):
+        return gcs.listed_state(info)
+    if s3.is_s3(fs):
+        return s3.listed_state(info)
+    return None
 
 
 def _is_folder_marker(name: str, info: dict[str, Any]) -> bool:

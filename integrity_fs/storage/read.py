@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
 import fsspec
@@ -42,6 +42,7 @@ __all__ = [
     "REMOTE_BLOCK_SIZE",
     "ProgressFn",
     "Range",
+    "Sink",
     "Vanished",
     "check_stop",
     "fresh_size",
@@ -82,6 +83,12 @@ _NOT_RETRIED = (
     NotARegularFileError,
     FileChangedError,
 )
+
+
+class Sink(Protocol):
+    """What else the bytes of a read go to, in order (a store checksum being computed)."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
 
 
 class Vanished(Exception):
@@ -330,6 +337,7 @@ def hash_range(
     stop: threading.Event | None = None,
     buffer: memoryview | None = None,
     into: memoryview | None = None,
+    extra: Callable[[], Sequence[Sink]] | None = None,
 ) -> str:
     """Digest of exactly ``length`` bytes of ``path`` from ``offset``, read once through
     :func:`open_range` (pinned to ``version``), in bounded memory.
@@ -342,7 +350,9 @@ def hash_range(
 
     ``into`` (writable, exactly ``length`` bytes): the bytes are kept there, each piece hashed as
     it lands (the verified reads' unit buffers). ``buffer`` (writable, reused by the caller's
-    thread): a whole local file shorter than it is read into it in one call.
+    thread): a whole local file shorter than it is read into it in one call. ``extra``: makes the
+    hashers that each attempt also feeds the same bytes to, in order (a store's own checksums,
+    while they are recorded); the caller keeps the last ones made.
     """
     check_end = file_size is not None and offset + length == file_size
     fast = into is None and buffer is not None and offset == 0 and check_end and length < len(buffer)
@@ -354,11 +364,17 @@ def hash_range(
         if fast and attempt == 1:
             assert buffer is not None
             hasher = new_hasher(algorithm)
-            hasher.update(read_small(path, length, buffer, version))
+            data = read_small(path, length, buffer, version)
+            hasher.update(data)
+            for other in extra() if extra is not None else ():
+                other.update(data)
             if progress is not None:
                 progress(length)
             return hasher.hexdigest()
-        return _hash_once(fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into)
+        others = extra() if extra is not None else ()
+        return _hash_once(
+            fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into, others
+        )
 
     def undo() -> None:
         if progress is not None and counted[0]:
@@ -386,6 +402,7 @@ def _hash_once(
     version: Version | None,
     stop: threading.Event | None,
     into: memoryview | None,
+    others: Sequence[Sink] = (),
 ) -> str:
     hasher = new_hasher(algorithm)
     piece = READ_SIZES.get(algorithm, BLOCK_SIZE) * (INTO_PIECES if into is not None else 1)
@@ -403,6 +420,9 @@ def _hash_once(
                     f"short read from {path}: expected {length} bytes from offset {offset}, got {done}"
                 )
             hasher.update(view[:n])
+            if others:
+                for other in others:
+                    other.update(view[:n])
             done += n
             counter[0] += n
             if progress is not None:

@@ -18,14 +18,15 @@ import base64
 import binascii
 import errno
 import logging
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 from fsspec.asyn import _run_coros_in_chunks, sync
 
 from ..errors import FileChangedError
+from ..recorded import DIGEST_SIZES, ObjectState, StoreChecksum
 from ..report import printable
 
 __all__ = [
@@ -34,8 +35,13 @@ __all__ = [
     "StoreChecksum",
     "bucket_and_key",
     "delete_objects",
+    "etag_md5",
+    "etag_of",
+    "first_part_sizes",
     "head_size",
     "is_s3",
+    "listed_state",
+    "object_checksums",
     "part_layout",
     "store_checksums",
 ]
@@ -223,40 +229,73 @@ class ChecksummedUpload:
             self._call("abort_multipart_upload", UploadId=upload_id)
 
 
-@dataclass(frozen=True)
-class StoreChecksum:
-    """The SHA-256 S3 keeps for an object: of its bytes, or composite over its parts.
-
-    ``parts`` is the part count of a composite checksum when S3 says it (``None`` otherwise).
-    """
-
-    digest: str  # lowercase hex
-    composite: bool
-    parts: int | None = None
+_CHECKSUM_KEYS = {f"Checksum{kind.upper()}": kind for kind in DIGEST_SIZES}
+_ETAG = re.compile(r'"?([0-9a-fA-F]{32})(?:-([1-9][0-9]{0,4}))?"?')
 
 
-def _parse(attributes: Mapping[str, Any]) -> StoreChecksum | None:
-    """A GetObjectAttributes answer as a :class:`StoreChecksum`; ``None`` when it has no SHA-256."""
+def etag_of(value: object) -> str:
+    """An ETag as S3 lists or returns it, without the quotes S3 puts around it."""
+    return str(value or "").strip('"')
+
+
+def etag_md5(etag: str) -> StoreChecksum | None:
+    """The MD5 an ETag is, when it has an MD5's shape: the object's (one PUT, without SSE-KMS or
+    SSE-C), or the MD5 of its parts' MD5s with ``-N`` (a multipart upload). Other ETags, and ETags
+    of that shape that are not an MD5 (SSE-KMS), give a value no read of the bytes will equal."""
+    match = _ETAG.fullmatch(etag_of(etag))
+    if match is None:
+        return None
+    parts = int(match[2]) if match[2] else None
+    return StoreChecksum(match[1].lower(), parts is not None, parts, "md5")
+
+
+def listed_state(info: Mapping[str, Any]) -> ObjectState:
+    """What an S3 listing shows of an object: its ETag (the MD5 it may be), and the algorithms of
+    the checksums it keeps, whose values the listing does not give (``ChecksumAlgorithm``)."""
+    etag = etag_of(info.get("ETag") or info.get("etag"))
+    md5 = etag_md5(etag)
+    kept = info.get("ChecksumAlgorithm") or ()
+    unlisted = tuple(str(kind).lower() for kind in kept if isinstance(kind, str) and kind.lower() in DIGEST_SIZES)
+    return ObjectState(etag or None, {"md5": md5} if md5 is not None else {}, unlisted)
+
+
+def _parse(attributes: Mapping[str, Any]) -> ObjectState:
+    """A GetObjectAttributes answer: the object's ETag (and the MD5 it may be) and every checksum S3 keeps."""
     checksum = attributes.get("Checksum") or {}
-    value = checksum.get("ChecksumSHA256")
-    if not value:
-        return None
-    value, _, suffix = str(value).partition("-")
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    if len(raw) != 32:
-        return None
     total = (attributes.get("ObjectParts") or {}).get("TotalPartsCount")
-    parts = int(suffix) if suffix.isdigit() else (int(total) if isinstance(total, int) else None)
-    kind = checksum.get("ChecksumType")
-    composite = kind == "COMPOSITE" if kind else parts is not None
-    return StoreChecksum(raw.hex(), composite, parts if composite else None)
+    kind_of = checksum.get("ChecksumType")
+    found: dict[str, StoreChecksum] = {}
+    etag = etag_of(attributes.get("ETag"))
+    md5 = etag_md5(etag)
+    if md5 is not None:
+        found["md5"] = md5
+    for key, algorithm in _CHECKSUM_KEYS.items():
+        value = checksum.get(key)
+        if not value:
+            continue
+        value, _, suffix = str(value).partition("-")
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if len(raw) != DIGEST_SIZES[algorithm]:
+            continue
+        parts = int(suffix) if suffix.isdigit() else (int(total) if isinstance(total, int) else None)
+        composite = kind_of == "COMPOSITE" if kind_of else bool(suffix)
+        found[algorithm] = StoreChecksum(raw.hex(), composite, parts if composite else None, algorithm)
+    return ObjectState(etag or None, found)
 
 
 def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict[str, StoreChecksum | None]:
-    """What S3 keeps for each path (``None``: no SHA-256 there), ``CHECKSUM_REQUESTS`` at a time.
+    """The SHA-256 S3 keeps for each path (``None``: none there); see :func:`object_checksums`."""
+    return {
+        path: None if state is None else state.checksums.get("sha256")
+        for path, state in object_checksums(fs, paths).items()
+    }
+
+
+def object_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict[str, ObjectState | None]:
+    """What S3 keeps for each path (its ETag and checksums), ``CHECKSUM_REQUESTS`` at a time.
 
     One GetObjectAttributes request per object; no byte of content is read. An object that is
     gone has no checksum (``None``), nor has one whose checksum the store will not give: a role
@@ -266,14 +305,14 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
     fs_: Any = fs
     paths = list(paths)
 
-    async def one(path: str) -> StoreChecksum | None:
+    async def one(path: str) -> ObjectState | None:
         bucket, key = bucket_and_key(fs_, path)
         try:
             out = await fs_._call_s3(
                 "get_object_attributes",
                 Bucket=bucket,
                 Key=key,
-                ObjectAttributes=["Checksum", "ObjectParts", "ObjectSize"],
+                ObjectAttributes=["ETag", "Checksum", "ObjectParts", "ObjectSize"],
             )
         except FileNotFoundError:  # gone since the listing: no checksum; the read reports it missing
             return None
@@ -293,6 +332,25 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict
             len(paths),
             printable(str(refused[0])),
         )
+    return dict(zip(paths, results, strict=True))
+
+
+def first_part_sizes(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> dict[str, int | None]:
+    """The size of the first part of each multipart object (a HEAD of part 1 each, no content
+    read); ``None`` where S3 does not say (gone, refused, not offered)."""
+    fs_: Any = fs
+    paths = list(paths)
+
+    async def one(path: str) -> int | None:
+        bucket, key = bucket_and_key(fs_, path)
+        try:
+            out = await fs_._call_s3("head_object", Bucket=bucket, Key=key, PartNumber=1)
+        except OSError:
+            return None
+        size = out.get("ContentLength")
+        return int(size) if isinstance(size, int) and size > 0 else None
+
+    results = sync(fs_.loop, _run_coros_in_chunks, [one(p) for p in paths], batch_size=CHECKSUM_REQUESTS)
     return dict(zip(paths, results, strict=True))
 
 

@@ -16,15 +16,17 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from ..hashing import StreamDigest, new_hasher
+from ..recorded import ObjectState
 from . import s3
 from .errors import storage_errors
+from .read import Sink
 from .urls import is_local
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "Written",
     "make_local_parent",
     "makedirs",
+    "object_checksums",
     "remove_file",
     "remove_files",
     "store_checksums",
@@ -94,6 +97,15 @@ def store_checksums(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str
         return s3.store_checksums(fs, paths)
 
 
+def object_checksums(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, ObjectState | None]:
+    """What S3 keeps for each path (its ETag and every checksum), read without reading content;
+    on any other filesystem every value is ``None``."""
+    if not s3.is_s3(fs):
+        return dict.fromkeys(paths)
+    with storage_errors(f"reading the checksums of {len(paths)} objects"):
+        return s3.object_checksums(fs, paths)
+
+
 class SealingWriter:
     """Writes one file while hashing it (one digest, or one per chunk), for uploads and copies.
 
@@ -110,7 +122,8 @@ class SealingWriter:
 
     ``written`` (a transfer's): the path is recorded there from the moment the destination may
     hold any of it (a local or memory file from its opening, an object from its commit), and a
-    local file is fsynced when it is closed.
+    local file is fsynced when it is closed. ``sinks``: given whether the write carries S3
+    checksums, what else the bytes go to, in order (the store's own checksums, to record).
     """
 
     def __init__(
@@ -124,6 +137,7 @@ class SealingWriter:
         size: int | None = None,
         growing: bool = False,
         written: Written | None = None,
+        sinks: Callable[[bool], Sequence[Sink]] | None = None,
     ) -> None:
         self.path = path
         self._written = written
@@ -148,6 +162,7 @@ class SealingWriter:
             self._upload = s3.ChecksummedUpload(fs, path)
         else:
             self._open_stream()
+        self._sinks = sinks(self._upload is not None) if sinks is not None else ()
 
     def _open_stream(self) -> None:
         if is_local(self._fs):
@@ -171,6 +186,8 @@ class SealingWriter:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._digest.update(data)
+        for sink in self._sinks:
+            sink.update(data)
         if self._stream is not None:
             self._stream.write(data)
             return

@@ -175,26 +175,31 @@ def upload(
                 ", ".join(map(printable, plan.extra[:5])) + (" ..." if len(plan.extra) > 5 else ""),
             )
         _prepare_destination(dst, overwrite)
+        recording = storage.WriteRecording(dst.fs)
         try:
-            verified_copy(source, dst, manifest, plan, versions, work, written)
+            verified_copy(source, dst, manifest, plan, versions, work, written, recording)
             _seal_destination(dst, written, manifest, raw=raw, signature=signature, key=options.key)
         except BaseException:
             written.remove()
             raise
+        _record(dst, manifest, recording, signed=options.key is not None)
         return manifest
     hashing = options.hashing
     # The seal's own checks (names, chunk count, signable names), on the source's listing; the
     # sealed destination was refused above.
     planned = plan_seal(source.fs, source.root, dataclasses.replace(options, overwrite=True), sizes=listing)
     _prepare_destination(dst, overwrite)
+    recording = storage.WriteRecording(dst.fs)
     try:
-        copied = sent_as_listed(source, stream(source, dst, planned.sizes, hashing, versions, work, written))
+        streamed = stream(source, dst, planned.sizes, hashing, versions, work, written, recording)
+        copied = sent_as_listed(source, streamed)
         sizes = {name: c.size for name, c in sorted(copied.items())}
         manifest = build_manifest(hashing, sizes, unit_digests(hashing, copied))
         _seal_destination(dst, written, manifest, key=options.key)
     except BaseException:
         written.remove()
         raise
+    _record(dst, manifest, recording, signed=options.key is not None)
     return manifest
 
 
@@ -232,12 +237,14 @@ def copy(
     signature = _signature_of(source)
     _prepare_destination(target, overwrite)
     written = storage.Written(target.fs)
+    recording = storage.WriteRecording(target.fs)
     try:
-        report = verified_copy(source, target, manifest, plan, versions, work, written)
+        report = verified_copy(source, target, manifest, plan, versions, work, written, recording)
         _seal_destination(target, written, manifest, raw=raw, signature=signature)
     except BaseException:
         written.remove()
         raise
+    _record(target, manifest, recording)
     return report
 
 
@@ -322,6 +329,14 @@ def _seal_destination(
     if signature is not None or key is not None:
         written.started(dst.path(signing.SIGNATURE_FILENAME))
     manifests.write_sealed(dst.fs, dst.root, manifest, key=key, raw=raw, signature=signature)
+
+
+def _record(dst: Side, manifest: Manifest, recording: storage.WriteRecording, *, signed: bool = False) -> None:
+    """Once the transfer is done, record the destination store's own checksums of what it wrote
+    (S3 and GCS; never fails the transfer). ``signed``: it signed with its own key, whose
+    signature ignores the sidecar (a signature carried from the source may not)."""
+    if recording:
+        storage.record_written(dst.fs, dst.root, manifest, recording.computed(), signed=signed)
 
 
 def _signature_of(src: Side) -> bytes | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import fsspec
@@ -70,11 +70,12 @@ def verified_copy(
     versions: Mapping[str, storage.Version],
     work: Work,
     written: storage.Written,
+    recording: storage.WriteRecording | None = None,
 ) -> Report:
     """Stream the files of ``plan`` from ``src`` to ``dst`` and compare them with ``manifest``;
     ``IntegrityError`` (about ``src``) if any differs, changed size or vanished since the listing."""
     hashing = Hashing.of(manifest)
-    outcomes = stream(src, dst, plan.sizes, hashing, versions, work, written)
+    outcomes = stream(src, dst, plan.sizes, hashing, versions, work, written, recording)
     problems: list[Problem] = []
     for name, outcome in outcomes.items():
         if outcome is None:
@@ -114,6 +115,7 @@ def stream(
     versions: Mapping[str, storage.Version],
     work: Work,
     written: storage.Written,
+    recording: storage.WriteRecording | None = None,
 ) -> dict[str, Outcome]:
     """Copy exactly ``sizes[name]`` bytes of every file, hashing the same bytes as they pass; one
     progress total (file content only).
@@ -124,10 +126,16 @@ def stream(
     ``storage.SealingWriter``: on S3 they carry the SHA-256 checksums that make the copy
     attestable (``verify(attested=True)``); a copy that fails is aborted, never committed short.
     Every destination path written is recorded in ``written`` (to delete it if the transfer fails).
+    ``recording``: computes the destination store's own checksums of what is sent.
     """
     workers = work.max_workers or max(default_workers(src.fs), default_workers(dst.fs))
     progress = progress_fn(work.callback, sum(sizes.values()))
     stop = threading.Event()
+
+    def sinks_of(name: str) -> Callable[[bool], list[storage.StoreHasher]] | None:
+        if not recording:
+            return None
+        return lambda checksummed: recording.sinks(name, sizes[name], checksummed=checksummed)
 
     def one(name: str) -> Outcome:
         try:
@@ -144,6 +152,7 @@ def stream(
                 version=versions.get(name),
                 stop=stop,
                 written=written,
+                sinks=sinks_of(name),
             )
         except storage.SizeChangedError as exc:
             return Resized(exc.size)
