@@ -62,7 +62,7 @@ def test_small_files_go_in_batches_and_large_units_alone() -> None:
 def test_a_file_that_vanished_or_became_a_fifo_inside_a_batch_is_missing(tmp_path, monkeypatch):
     files = _many(tmp_path, 150)
     ifs.seal(tmp_path)
-    monkeypatch.setattr(storage.read, "_RETRY_DELAY_S", 0)
+    monkeypatch.setattr(storage.calls, "_RETRY_DELAY_S", 0)
 
     def change() -> None:
         (tmp_path / "d1/f061.bin").unlink()

@@ -4,6 +4,7 @@ pinned, retried reader) and writing (atomic, checksummed, never half-committed).
 Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
+from .calls import check_stop, on_loop
 from .checksums import StoreHasher, computed_values, keeps_checksums, listed_states, object_states
 from .copying import copy_file
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
@@ -20,18 +21,7 @@ from .listing import (
     stamp_of,
     stat_file,
 )
-from .read import (
-    BLOCK_SIZE,
-    ProgressFn,
-    Range,
-    Sink,
-    check_stop,
-    fresh_size,
-    hash_range,
-    on_loop,
-    open_range,
-    read_file,
-)
+from .read import BLOCK_SIZE, ProgressFn, Range, Sink, fresh_size, hash_range, open_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
 from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, place, resolve
 from .write import (

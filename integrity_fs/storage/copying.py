@@ -12,19 +12,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 import fsspec
 
+from .calls import check_stop, read_attempts, retried
 from .errors import NotARegularFileError, ShortReadError, SizeChangedError
 from .listing import Version
-from .read import (
-    BLOCK_SIZE,
-    ProgressFn,
-    Sink,
-    Vanished,
-    check_stop,
-    fresh_size,
-    open_range,
-    read_attempts,
-    retried,
-)
+from .read import BLOCK_SIZE, ProgressFn, Sink, Vanished, fresh_size, open_range
 from .urls import describe
 from .write import SealingWriter, Written
 

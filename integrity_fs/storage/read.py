@@ -13,15 +13,12 @@ a poll of the event loop, and backend exceptions become ``OSError``.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import errno
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import fsspec
@@ -30,9 +27,9 @@ from fsspec.spec import AbstractBufferedFile
 
 from ..errors import FileChangedError
 from ..hashing import READ_SIZES, new_hasher
-from ..report import printable
 from . import gcs, s3
-from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
+from .calls import READ_ATTEMPTS, check_stop, close_stream, on_loop, read_attempts, read_block, retried
+from .errors import FileGrewError, ShortReadError, SizeChangedError, storage_errors
 from .listing import Version, forget_cached, stamp_of
 from .local import LocalRange, open_file, read_small
 from .urls import describe, is_local
@@ -44,13 +41,10 @@ __all__ = [
     "Range",
     "Sink",
     "Vanished",
-    "check_stop",
     "fresh_size",
     "hash_range",
-    "on_loop",
     "open_range",
     "read_file",
-    "retried",
 ]
 
 log = logging.getLogger("integrity_fs")
@@ -62,27 +56,9 @@ BLOCK_SIZE = 1024 * 1024
 INTO_PIECES = 4
 #: Request size on object stores that are read in pieces (GCS, generic backends).
 REMOTE_BLOCK_SIZE = 8 * 1024 * 1024
-#: Attempts for a read that fails transiently (connection reset, timeout, short read).
-READ_ATTEMPTS = 3
-#: Attempts on backends that already retry each request themselves (s3fs, gcsfs): ours would multiply theirs.
-SELF_RETRYING_READ_ATTEMPTS = 2
-_SELF_RETRYING_MODULES = ("s3fs", "gcsfs")
-_RETRY_DELAY_S = 0.2
-#: How often a worker waiting on an object store checks whether the call was stopped.
-_STOP_POLL_S = 0.1
 
 ProgressFn = Callable[[int], None]
 T = TypeVar("T")
-
-#: Failures that another attempt cannot mend: raised at once.
-_NOT_RETRIED = (
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    NotARegularFileError,
-    FileChangedError,
-)
 
 
 class Sink(Protocol):
@@ -169,7 +145,7 @@ class _StreamRange:
         want = min(len(view), self._left)
         if not want:
             return 0
-        data = on_loop(self._fs, _read_block(self._stream, want), self._stop)
+        data = on_loop(self._fs, read_block(self._stream, want), self._stop)
         view[: len(data)] = data
         self._left -= len(data)
         return len(data)
@@ -190,12 +166,12 @@ class _StreamRange:
             if isinstance(total, int):
                 if total > self._end:
                     raise FileGrewError(self.path, self._end, total)
-            elif on_loop(self._fs, _read_block(self._stream, 1), self._stop):
+            elif on_loop(self._fs, read_block(self._stream, 1), self._stop):
                 raise FileGrewError(self.path, self._end, None)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            on_loop(self._fs, _close_stream(self._stream), None)
+            on_loop(self._fs, close_stream(self._stream), None)
 
 
 class _FileRange:
@@ -451,105 +427,6 @@ def fresh_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
         return os.stat(path).st_size
     forget_cached(fs, path)
     return int(fs.size(path))
-
-
-# --------------------------------------------------------------------------- retries and stops
-
-
-def retried(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
-    what: str,
-    attempts: int,
-    once: Callable[[int], T],
-    *,
-    undo: Callable[[], None],
-    stop: threading.Event | None,
-    check: Callable[[OSError], None] | None = None,
-) -> T:
-    """``once(attempt)`` until it returns, ``attempts`` times at most: the retry loop of reads and copies.
-
-    A missing file, a refused permission, what is not a regular file and a changed version are
-    raised at once. Any other ``OSError`` (backend errors included, through
-    :func:`storage_errors`) undoes the attempt's progress and goes through ``check``, which may
-    raise something else instead (a file the store says is shorter now is content, not storage);
-    then it is retried after a back-off that ``stop`` cuts short (``Cancelled``), with the cached
-    listing of ``path`` dropped so that the retry asks the store again. The last failure is
-    raised with the count.
-    """
-    for attempt in range(1, attempts + 1):
-        check_stop(stop)
-        try:
-            with storage_errors(what):
-                return once(attempt)
-        except _NOT_RETRIED:
-            raise
-        except OSError as exc:
-            undo()
-            if check is not None:
-                check(exc)
-            if attempt == attempts:
-                raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
-            log.info("retrying %s after %s (attempt %d of %d)", printable(what), printable(str(exc)), attempt, attempts)
-            if stop is None:
-                time.sleep(_RETRY_DELAY_S * attempt)
-            elif stop.wait(_RETRY_DELAY_S * attempt):
-                raise Cancelled("stopped") from exc
-            with contextlib.suppress(Exception):
-                fs.invalidate_cache(path)
-    raise AssertionError("unreachable")
-
-
-def read_attempts(fs: fsspec.AbstractFileSystem) -> int:
-    modules = {(cls.__module__ or "").split(".")[0] for cls in type(fs).__mro__}
-    return SELF_RETRYING_READ_ATTEMPTS if modules & set(_SELF_RETRYING_MODULES) else READ_ATTEMPTS
-
-
-def check_stop(stop: threading.Event | None) -> None:
-    if stop is not None and stop.is_set():
-        raise Cancelled("stopped")
-
-
-def on_loop(fs: AsyncFileSystem, coro: Coroutine[Any, Any, T], stop: threading.Event | None) -> T:
-    """Run ``coro`` on ``fs``'s event loop and wait for it; once ``stop`` is set, cancel it
-    there (within ``_STOP_POLL_S``) and raise ``Cancelled``: a stalled request never holds a worker."""
-    future = asyncio.run_coroutine_threadsafe(coro, fs.loop)
-    while True:
-        try:
-            return future.result(timeout=_STOP_POLL_S)
-        except concurrent.futures.TimeoutError:
-            if future.done():
-                raise
-            if stop is not None and stop.is_set():
-                future.cancel()
-                raise Cancelled("stopped") from None
-        except BaseException:  # Ctrl-C in this thread: the request must not go on without it
-            future.cancel()
-            raise
-
-
-async def _read_block(f: Any, n: int) -> bytes:
-    """``n`` bytes from the async stream ``f``, fewer only at its end."""
-    parts: list[bytes] = []
-    got = 0
-    while got < n:
-        part = await f.read(n - got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _close_stream(f: Any) -> None:
-    """Close on the loop that owns it: the response body belongs to the event loop, not to the
-    worker thread (and a range that stops early leaves it open)."""
-    with contextlib.suppress(Exception):
-        await f.close()
-    body = getattr(f, "r", None)
-    if body is not None:
-        with contextlib.suppress(Exception):
-            body.close()
 
 
 # --------------------------------------------------------------------------- whole small files
