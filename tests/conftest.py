@@ -210,9 +210,15 @@ def gcs_endpoint() -> Iterator[str]:
     server.start()
     port = server._api._httpd.server_address[1]  # bound to port 0; the emulator has no public getter
     endpoint = f"http://127.0.0.1:{port}"
+    GCS_STORAGES[endpoint] = server._storage
     fsspec.filesystem("gcs", **_gcs_options(endpoint)).invalidate_cache()
     yield endpoint
     server.stop()
+
+
+#: The GCS emulator's own store behind each endpoint, for tests that must shape an object as GCS
+#: would hold it and gcsfs cannot write (a composite object without an MD5).
+GCS_STORAGES: dict[str, Any] = {}
 
 
 def _s3_options(endpoint: str) -> dict[str, Any]:

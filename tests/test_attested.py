@@ -344,17 +344,13 @@ def _compose_without_md5(backend: Backend, name: str, pieces: list[bytes]) -> No
 
 
 def _emulator_object(backend: Backend, name: str) -> dict[str, object]:
-    """The emulator's own record of an object (what it lists), found through its live server."""
-    import gc
-
-    from gcp_storage_emulator.storage import Storage
+    """The emulator's own record of an object (what it lists), from the fixture's server."""
+    from conftest import GCS_STORAGES
 
     bucket, _, root = backend.root.partition("/")
-    for candidate in gc.get_objects():
-        if isinstance(candidate, Storage) and f"{root}/{name}" in candidate.objects.get(bucket, {}):
-            found: dict[str, object] = candidate.objects[bucket][f"{root}/{name}"]
-            return found
-    raise LookupError(name)
+    storage = GCS_STORAGES[backend.storage_options["endpoint_url"]]
+    found: dict[str, object] = storage.objects[bucket][f"{root}/{name}"]
+    return found
 
 
 def _multipart_crc32(backend: Backend, name: str, parts: list[bytes]) -> None:
