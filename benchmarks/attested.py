@@ -87,7 +87,7 @@ def verify(url: str, storage_options: dict[str, Any], *, attested: bool) -> Run:
 def attributes(paths: list[str], storage_options: dict[str, Any], *, in_flight: int, requests: int) -> Run:
     """``requests`` GetObjectAttributes requests over ``paths`` (what attested verify asks per
     file), ``in_flight`` at a time, through the same function verify uses."""
-    from integrity_fs import _s3
+    from integrity_fs.storage import s3 as _s3
 
     _s3.CHECKSUM_REQUESTS = in_flight
     fs = _s3fs(storage_options)
