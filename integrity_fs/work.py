@@ -19,7 +19,7 @@ import fsspec
 from fsspec.callbacks import Callback
 
 from . import storage
-from .hashing import ALGORITHMS, Unit
+from .hashing import Unit
 from .options import Work
 
 __all__ = ["REMOTE_WORKERS", "Grown", "UnitOutcome", "default_workers", "hash_units", "progress_fn", "run_parallel"]
@@ -109,22 +109,12 @@ def hash_units(
         except storage.SizeChangedError as exc:  # longer than sealed, or shorter now than listed
             return Grown(exc.size)
 
-    hasher = ALGORITHMS.get(algorithm) if storage.is_local(fs) else None
-    quick = storage.digest_small_file
-
     def task(index: int) -> list[UnitOutcome]:
         batch = tasks[index]
         if len(batch) == 1 and batch[0].length > SMALL_FILE:
             return [one(batch[0], None, progress)]
         buffer = memoryview(bytearray(batch[0].length + 1))  # the largest first
-        outcomes: list[UnitOutcome] = []
-        for unit in batch:
-            digest = None
-            if hasher is not None:  # the quick read; a file it does not settle is read the guarded way
-                if stop.is_set():
-                    raise storage.Cancelled("stopped")
-                digest = quick(prefix + unit.name, unit.length, pins.get(unit.name), hasher, buffer)
-            outcomes.append(one(unit, buffer, None) if digest is None else digest)
+        outcomes = [one(unit, buffer, None) for unit in batch]
         progress(sum(unit.length for unit in batch))
         return outcomes
 

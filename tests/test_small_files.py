@@ -104,32 +104,19 @@ def test_batched_files_hash_as_one_file_per_task_does(tmp_path, monkeypatch):
     assert report.files_checked == 131 and report.bytes_checked == 130 * 3000
 
 
-class _OpenHook:
-    """``os`` as ``storage.local`` sees it, with ``hook(path)`` run before each ``os.open``: every
-    read of a local file's content, batched or guarded, opens it there."""
-
-    def __init__(self, hook: Any) -> None:
-        self._hook = hook
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-    def open(self, path: str, *args: Any, **kwargs: Any) -> int:
-        self._hook(path)
-        return os.open(path, *args, **kwargs)
-
-
 @pytest.mark.timeout(30)
 def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c):
     _many(tmp_path, 400, size=100)
     ifs.seal(tmp_path)
     started_files: list[str] = []
+    original = storage.hash_range
 
-    def slow(path: str) -> None:
+    def slow(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
         started_files.append(path)
         time.sleep(0.02)  # 400 files on 2 threads: 4 s if nothing stopped them
+        return original(fs, path, *args, **kwargs)
 
-    monkeypatch.setattr(storage.local, "os", _OpenHook(slow))
+    monkeypatch.setattr(storage, "hash_range", slow)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # a real Ctrl-C
     started = time.perf_counter()
     timer.start()
@@ -146,15 +133,17 @@ def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c):
 def test_the_first_failure_stops_the_other_batches(tmp_path, monkeypatch):
     _many(tmp_path, 200, size=100)
     ifs.seal(tmp_path)
+    original = storage.hash_range
     calls: list[str] = []
 
-    def failing(path: str) -> None:
+    def failing(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
         calls.append(path)
         if path.endswith("f001.bin"):
             raise PermissionError(13, "denied (injected)", path)
         time.sleep(0.01)
+        return original(fs, path, *args, **kwargs)
 
-    monkeypatch.setattr(storage.local, "os", _OpenHook(failing))
+    monkeypatch.setattr(storage, "hash_range", failing)
     with pytest.raises(PermissionError, match="injected"):
         ifs.verify(tmp_path, max_workers=2)
     assert _workers_alive() == []

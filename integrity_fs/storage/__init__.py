@@ -19,7 +19,6 @@ from .listing import (
     stamp_of,
     stat_file,
 )
-from .local import digest_small_file
 from .read import (
     BLOCK_SIZE,
     ProgressFn,
@@ -64,7 +63,6 @@ __all__ = [
     "check_stop",
     "copy_file",
     "describe",
-    "digest_small_file",
     "exists",
     "file_folder_clashes",
     "forget_cached",

@@ -29,12 +29,12 @@ from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.spec import AbstractBufferedFile
 
 from ..errors import FileChangedError
-from ..hashing import READ_SIZES, new_hasher
+from ..hashing import ALGORITHMS, READ_SIZES, new_hasher
 from ..report import printable
 from . import gcs, s3
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import Version, forget_cached, stamp_of
-from .local import LocalRange, open_file, read_small
+from .local import LocalRange, digest_small_file, open_file, read_small
 from .urls import describe, is_local
 
 __all__ = [
@@ -339,11 +339,20 @@ def hash_range(
 
     ``into`` (writable, exactly ``length`` bytes): the bytes are kept there, each piece hashed as
     it lands (the verified reads' unit buffers). ``buffer`` (writable, reused by the caller's
-    thread): a whole local file shorter than it is read into it in one call.
+    thread): a whole local file shorter than it is read into it in one call, first by
+    ``digest_small_file`` (no retry machinery: for small files the per-file Python is the cost),
+    and the guarded way only when that does not settle it.
     """
     check_end = file_size is not None and offset + length == file_size
     fast = into is None and buffer is not None and offset == 0 and check_end and length < len(buffer)
     fast = fast and is_local(fs)
+    if fast and algorithm in ALGORITHMS and (stop is None or not stop.is_set()):
+        assert buffer is not None
+        digest = digest_small_file(path, length, version, ALGORITHMS[algorithm], buffer)
+        if digest is not None:  # else the guarded read below says what is wrong
+            if progress is not None:
+                progress(length)
+            return digest
     counted = [0]  # bytes reported to ``progress`` by the attempt under way
 
     def once(attempt: int) -> str:
