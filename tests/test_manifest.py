@@ -230,26 +230,20 @@ def test_canonical_json_is_what_json_dumps_writes(value):
 
 # --- strict parsing at C speed: a repeated key is refused however the document hides it ---------
 
+_HEAD = '{"version": 1, "granularity": "file", "algorithm": "sha256", '
 _REPEATS = {
-    "files": '{"version": 1, "granularity": "file", "algorithm": "sha256", "files": {"a": "%s", "a": "%s"}}'
-    % (D, "0" * 64),
-    "top level": '{"version": 1, "version": 1, "granularity": "file", "algorithm": "sha256", "files": {}}',
-    "identical pair": '{"version": 1, "granularity": "file", "algorithm": "sha256", "files": {"a": "%s", "a": "%s"}}'
-    % (D, D),
+    "files": _HEAD + f'"files": {{"a": "{D}", "a": "{"0" * 64}"}}}}',
+    "top level": '{"version": 1, ' + _HEAD[1:] + '"files": {}}',
+    "identical pair": _HEAD + f'"files": {{"a": "{D}", "a": "{D}"}}}}',
     "spaced colons": '{"version" : 1, "granularity" : "file", "algorithm" : "sha256", "files" : {}, "files" : {}}',
-    "inside a list": '{"version": 1, "granularity": "file", "algorithm": "sha256", "files": {}, "x": [{"k": 1, "k": 2}]}',
-    "deep in an unknown key": '{"version": 1, "granularity": "file", "algorithm": "sha256", "files": {}, '
-    '"x": {"y": [[{"z": {"k": [], "k": {}}}]]}}',
-    "a key with colons": '{"version": 1, "granularity": "file", "algorithm": "sha256", "files": {}, '
-    '"x": {"a:b": 1, "a:b": 2}}',
-    "the dropped value holds colons": '{"version": 1, "granularity": "file", "algorithm": "sha256", "files": {}, '
-    '"x": {"k": "1:2:3", "k": "4"}}',
+    "inside a list": _HEAD + '"files": {}, "x": [{"k": 1, "k": 2}]}',
+    "deep in an unknown key": _HEAD + '"files": {}, "x": {"y": [[{"z": {"k": [], "k": {}}}]]}}',
+    "a key with colons": _HEAD + '"files": {}, "x": {"a:b": 1, "a:b": 2}}',
+    "the dropped value holds colons": _HEAD + '"files": {}, "x": {"k": "1:2:3", "k": "4"}}',
     # Each escaped colon parses to one more colon than the text shows: it must not make up for
     # the key the repeat dropped.
-    "an escaped colon makes up for it": '{"version": 1, "granularity": "file", "algorithm": "sha256", '
-    '"files": {}, "x": {"k": 1, "k": 2}, "y": "\\u003a"}',
-    "an escaped key makes up for it": '{"version": 1, "granularity": "file", "algorithm": "sha256", '
-    '"files": {}, "x": {"k": 1, "k": 2}, "\\u003a": 0}',
+    "an escaped colon makes up for it": _HEAD + '"files": {}, "x": {"k": 1, "k": 2}, "y": "\\u003a"}',
+    "an escaped key makes up for it": _HEAD + '"files": {}, "x": {"k": 1, "k": 2}, "\\u003a": 0}',
 }
 
 

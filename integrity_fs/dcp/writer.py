@@ -12,7 +12,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .. import manifests, signing, storage
 from ..collectives import INSTALL_HINT
@@ -128,7 +128,8 @@ class HashingFsspecWriter(FsspecWriter):
 
         owners = self.hashing_fs.owners
         try:
-            return super().write_data(plan, _HoldingPlanner(planner, owners)).then(with_digests)
+            holding = cast(SavePlanner, _HoldingPlanner(planner, owners))  # a proxy: DCP only calls resolve_data
+            return super().write_data(plan, holding).then(with_digests)
         finally:
             owners.clear()
 
@@ -186,8 +187,10 @@ class TensorOwners:
         if not self._held:
             return None
         address = _address(view)
+        if address is None:
+            return None
         with self._lock:
-            found = self._held.get(address) if address is not None else None
+            found = self._held.get(address)
             if found is None or found[0] != len(view):
                 return None
             del self._held[address]
