@@ -398,13 +398,15 @@ def dcp_lines(
         cpu_floor = (plain.cpu_s + hash_cpu_s) / cores
         floor = max(cpu_floor, plain.median_s)
         ratio = row.median_s / floor
-        text = (
-            f"`{DCP_DEFAULT}` default, sync_files=False: {row.median_s:.3f} s = {ratio:.2f}x the CPU floor "
-            f"{cpu_floor:.3f} s ((plain save CPU {plain.cpu_s:.2f} s + SHA-256 CPU {hash_cpu_s:.2f} s) / {cores} cores)"
+        what = (
+            f"the CPU floor ((plain save CPU {plain.cpu_s:.2f} s + SHA-256 CPU {hash_cpu_s:.2f} s) / {cores} cores)"
+            if floor == cpu_floor
+            else f"plain `dcp.save` itself, longer here than the CPU floor {cpu_floor:.3f} s (DCP writes on one thread)"
         )
-        if floor > cpu_floor:
-            text += f", here below plain `dcp.save`'s own {plain.median_s:.3f} s (one writer thread), the floor used"
-        text += f"; {row.median_s / plain.median_s:.2f}x plain `dcp.save`; target ≤ 1.1x the floor"
+        text = (
+            f"`{DCP_DEFAULT}` default, sync_files=False: {row.median_s:.3f} s = {ratio:.2f}x the floor {floor:.3f} s, "
+            f"{what}; {row.median_s / plain.median_s:.2f}x plain `dcp.save`; target ≤ 1.1x the floor"
+        )
         copied = by.get((DCP_COPIED, False))
         if copied is not None and copy_cpu_s is not None:
             text += (
