@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,9 @@ from benchmarks.harness import CORES, REPO, Bench, log
 from benchmarks.report import (
     blake3_lines,
     chunk_size_lines,
+    dcp_costs_table,
     dcp_lines,
+    file_digest_rows,
     local_targets,
     machine_line,
     reference_by,
@@ -32,6 +35,8 @@ from benchmarks.report import (
     small_file_lines,
     table,
 )
+from integrity_fs import MANIFEST_FILENAME
+from integrity_fs.manifest import json_parser
 
 RESULTS = os.path.join(REPO, "benchmarks", "results.md")
 SECTIONS = ("local", "memory", "chunks", "s3", "blake3", "attested", "upload", "signing", "dcp")
@@ -123,8 +128,10 @@ def local_contenders(bench: Bench, ds: Dataset, *, ranges: bool = False, one_wor
         title = "integrity_fs.verify, max_workers=1"
         m("verify-w1", title, "integrity_fs", {"url": sealed, "max_workers": 1})
     m("chunk", "integrity_fs.verify, chunk granularity (64 MiB)", "integrity_fs", {"url": chunked})
-    m("serial", "hashlib, 1 thread, 1 MiB reads", "hashlib-serial", {"directory": data})
-    m("threads", f"hashlib, {CORES} threads, one file per task", "hashlib-threads", {"directory": data})
+    file_digests(m, data)
+    m("serial", SERIAL, "hashlib-serial", {"directory": data})
+    if one_worker:
+        m("floor", FLOOR, "pinned-floor", {"directory": data})
     if ranges:
         m("ranges", f"hashlib, {CORES} threads, 64 MiB ranges", "hashlib-ranges", {"directory": data})
     if shutil.which("sha256sum"):
@@ -134,6 +141,18 @@ def local_contenders(bench: Bench, ds: Dataset, *, ranges: bool = False, one_wor
     m("ms-file", "model_signing, file serialization", "model_signing-file", {"directory": data})
     m("ms-shard", "model_signing, shard serialization (1 GB shards)", "model_signing-shard", {"directory": data})
     bench.run()
+
+
+FD1 = "hashlib.file_digest, 1 thread"
+FDN = f"hashlib.file_digest, {CORES} threads, one file per task"
+SERIAL = "hashlib.sha256, 1 thread, readinto a fresh 1 MiB buffer per file (the earlier baseline)"
+FLOOR = f"floor: open, fstat, one read, fstat, close + sha256 by hand, batches of 64 files on {CORES} threads"
+
+
+def file_digests(m: Callable[..., None], data: str) -> None:
+    """The baselines a user would write: ``hashlib.file_digest`` on one thread and on every core."""
+    m("fd1", FD1, "file-digest", {"directory": data})
+    m("fdN", FDN, "file-digest-threads", {"directory": data})
 
 
 def run_local(bench: Bench, cfg: Config) -> None:
@@ -154,9 +173,15 @@ def many_files(bench: Bench, ds: Dataset) -> None:
 
     m("verify", "integrity_fs.verify (file granularity, default workers)", "integrity_fs", {"url": sealed})
     m("seal", "integrity_fs.seal (overwrite=True)", "integrity_fs-seal", {"url": sealed})
-    m("quick", "integrity_fs.verify(quick=True)", "integrity_fs", {"url": sealed, "quick": True}, reads_content=False)
+    no_bytes = {"reads_content": False}
+    m("quick", "integrity_fs.verify(quick=True)", "integrity_fs", {"url": sealed, "quick": True}, **no_bytes)
     m("walk", "os.walk + os.stat of every file", "walk-stat", {"directory": sealed}, reads_content=False)
-    m("serial", "hashlib, 1 thread, 1 MiB reads", "hashlib-serial", {"directory": datasets.data_dir(bench.root, ds)})
+    manifest = os.path.join(sealed, MANIFEST_FILENAME)
+    m("manifest", "integrity_fs.read_manifest (strict parse and checks)", "read-manifest", {"url": sealed}, **no_bytes)
+    m("json", "json.loads of the manifest file (no checks)", "json-loads", {"path": manifest}, **no_bytes)
+    data = datasets.data_dir(bench.root, ds)
+    file_digests(m, data)
+    m("serial", SERIAL, "hashlib-serial", {"directory": data})
     bench.run()
 
 
@@ -180,12 +205,7 @@ def run_memory(bench: Bench, cfg: Config) -> None:
             "integrity_fs",
             {"url": datasets.sealed_dir(bench.root, ds, 64 * MiB)},
         ),
-        (
-            "threads",
-            f"hashlib, {CORES} threads, one file per task",
-            "hashlib-threads",
-            {"directory": datasets.data_dir(bench.root, ds)},
-        ),
+        ("fdN", FDN, "file-digest-threads", {"directory": datasets.data_dir(bench.root, ds)}),
     ):
         bench.add("memory", label_of(ds), title, contender, params, ds.total_bytes, key=f"memory:{name}")
     bench.run()
@@ -218,6 +238,8 @@ def run_chunks(bench: Bench, cfg: Config) -> None:
             for size in cfg.chunk_sizes:
                 verify(CORES, size)
         data = datasets.data_dir(bench.root, ds)
+        if bench.find(f"{ds.key}:fd1") is None:  # the local section measures them when it runs
+            file_digests(m, data)
         m("ranges-raw", f"hashlib, {CORES} threads, 64 MiB ranges (raw limit)", "hashlib-ranges", {"directory": data})
         m(
             "ms-shard64",
@@ -230,7 +252,7 @@ def run_chunks(bench: Bench, cfg: Config) -> None:
 
 def run_s3(bench: Bench, cfg: Config) -> None:
     """verify on a local moto S3 against bare s3fs reads of the same objects, same concurrency."""
-    from integrity_fs.core import REMOTE_WORKERS
+    from integrity_fs.work import REMOTE_WORKERS
 
     with s3.moto_server() as options:
         for ds in cfg.s3_sets:
@@ -303,64 +325,74 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
         f"# integrity_fs benchmarks ({cfg.name} run)",
         "",
         f"Machine: {machine_line()}.  ",
-        f"Command: `{command}` ({source}); the run took {elapsed_s:.0f} s.  ",
+        f"Command: `{command}` ({source}); the run took {elapsed_s:.0f} s. Manifests parsed with "
+        f"{json_parser} ({'the fast extra' if json_parser == 'msgspec' else 'msgspec not installed'}).  ",
         "**Hot cache**: every file was read once, untimed, before timing. Each contender ran in its own child "
         f"process, {cfg.rounds} time(s) round-robin with the other contenders of its dataset: each time one "
         f"warm-up call, then ≥{cfg.repeats} timed calls. Medians over all kept calls; GB/s = 10^9 bytes of the "
         'dataset per second. "cores busy": the contender\'s CPU seconds per wall second. "other procs": the '
         "rest of the machine; calls during which it kept more than 0.25 cores busy were dropped and rerun, and "
         '"timed calls" says how many were kept. "time ÷ integrity_fs": median time over integrity_fs.verify\'s '
-        "on the same bytes (above 1: slower than integrity_fs). Peak RSS: VmHWM of the child (for sha256sum "
-        "and openssl, of their process).",
+        'on the same bytes (above 1: slower than integrity_fs); "time ÷ file_digest": over hashlib.file_digest\'s '
+        "on one thread, and on every core one file per task (the baselines a user would write). Peak RSS: "
+        "VmHWM of the child (for sha256sum and openssl, of their process).",
         "",
     ]
+    fd = file_digest_rows(bench)
     sections = [
         (
             "Local files",
             [r for r in bench.rows if r.section in ("local", "memory")],
             reference_by(bench, "verify"),
             False,
+            fd,
         ),
         (
             f"Chunk vs file granularity; ratios to file granularity with workers={CORES}",
             [r for r in bench.rows if r.section == "chunks"],
             reference_by(bench, f"file-w{CORES}"),
             False,
+            fd,
         ),
         (
             "S3 (moto's ThreadedMotoServer in the parent process, on 127.0.0.1)",
             [r for r in bench.rows if r.section == "s3"],
             reference_by(bench, "verify"),
             True,
+            None,
         ),
         (
             "BLAKE3; ratios to integrity_fs.verify with SHA-256",
             [r for r in bench.rows if r.section == "blake3"],
             reference_by(bench, "verify"),
             False,
+            None,
         ),
         (
             "Attested verification on S3 (moto); ratios to the full verify",
             [r for r in bench.rows if r.section == "attested"],
             reference_by(bench, "full"),
             True,
+            None,
         ),
         (
             "Uploads with and without S3 checksums (moto); ratios to s3fs + hashlib",
             [r for r in bench.rows if r.section == "upload"],
             reference_by(bench, "plain"),
             True,
+            None,
         ),
         (
             "Signing while sealing; ratios to seal() without a key",
             [r for r in bench.rows if r.section == "signing"],
             reference_by(bench, "plain"),
             False,
+            None,
         ),
     ]
-    for title, rows, reference, server in sections:
+    for title, rows, reference, server, baselines in sections:
         if rows:
-            parts += [f"## {title}", "", rows_table(rows, reference, server=server), ""]
+            parts += [f"## {title}", "", rows_table(rows, reference, server=server, baselines=baselines), ""]
     idle = [r for r in bench.rows if r.section == "baseline"]
     parts += [
         "## Baseline RSS of an idle child",
@@ -371,7 +403,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
     lines = local_targets(bench, cfg.several, cfg.one, cfg.memory)
     lines += small_file_lines(bench, cfg.small, cfg.many)
     lines += chunk_size_lines(bench, (cfg.one, cfg.several), cfg.chunk_sizes)
-    lines += s3_lines(bench, cfg.s3_sets, bench.find("several:threads"))
+    lines += s3_lines(bench, cfg.s3_sets, bench.find("several:fdN"))
     lines += blake3_lines(bench, cfg.blake3)
     if dcp is not None:
         dcp_rows = [dcp_bench.Row(**r) for r in dcp["rows"]]
@@ -380,8 +412,12 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             "",
             dcp_bench.table(dcp_rows),
             "",
+            "Where the time goes:",
+            "",
+            dcp_costs_table(dcp_rows, dcp["hash_cpu_s"], dcp["copy_cpu_s"], dcp["mib"] * MiB),
+            "",
         ]
-        lines += dcp_lines(dcp_rows, dcp["hash_cpu_s"])
+        lines += dcp_lines(dcp_rows, dcp["hash_cpu_s"], dcp["copy_cpu_s"])
     lines += attested.lines(bench, cfg.name, cfg.several)
     if lines:
         parts += ["## Targets", "", *lines, ""]
@@ -425,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
     started = time.perf_counter()
     run_baselines(bench)
-    runners = {
+    runners: dict[str, Callable[[Bench, Config], None]] = {
         "local": run_local,
         "memory": run_memory,
         "chunks": run_chunks,

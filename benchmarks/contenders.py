@@ -94,16 +94,16 @@ def integrity_fs_verify(
 ) -> Run:
     """``integrity_fs.verify(url)``: list, compare with the manifest, rehash with its granularity.
 
-    ``storage_overrides`` patches ``integrity_fs.storage`` constants (``BLOCK_SIZE``,
+    ``storage_overrides`` patches ``integrity_fs.storage.read`` constants (``BLOCK_SIZE``,
     ``REMOTE_BLOCK_SIZE``) for read-size experiments.
     """
     import integrity_fs
-    from integrity_fs import storage
+    from integrity_fs.storage import read
 
     for name, value in (storage_overrides or {}).items():
-        if not hasattr(storage, name):
-            raise AttributeError(f"integrity_fs.storage has no {name}")
-        setattr(storage, name, value)
+        if not hasattr(read, name):
+            raise AttributeError(f"integrity_fs.storage.read has no {name}")
+        setattr(read, name, value)
 
     def run() -> object:
         return integrity_fs.verify(url, max_workers=max_workers, quick=quick, storage_options=storage_options)
@@ -137,9 +137,107 @@ def walk_stat(directory: str) -> Run:
     return run
 
 
+@contender("file-digest")
+def file_digest(directory: str) -> Run:
+    """One thread, ``hashlib.file_digest(f, "sha256")`` of each ``open(path, "rb")``: the two
+    lines a user would write, and the baseline of every local row."""
+    paths = list_data(directory)
+
+    def one(path: str) -> str:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    return lambda: [one(p) for p in paths]
+
+
+@contender("file-digest-threads")
+def file_digest_threads(directory: str, *, workers: int | None = None) -> Run:
+    """``hashlib.file_digest`` of one file per task in a ThreadPoolExecutor of ``workers``
+    (default: one per core): what a user would write to use every core."""
+    paths = list_data(directory)
+    workers = workers or os.cpu_count() or 1
+
+    def one(path: str) -> str:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    def run() -> object:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(one, paths))
+
+    return run
+
+
+_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _pinned_digests(paths: list[str], sizes: list[int], buffer: memoryview) -> list[str]:
+    """Per file what a pinned read needs and nothing more: open, fstat, one read of a byte more
+    than the size, fstat, close, SHA-256."""
+    out = []
+    for path, size in zip(paths, sizes, strict=True):
+        fd = os.open(path, _FLAGS)
+        try:
+            before = os.fstat(fd)
+            n = os.readv(fd, (buffer[: size + 1],))
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if n != size or (before.st_ino, before.st_mtime_ns, before.st_ctime_ns) != (
+            after.st_ino,
+            after.st_mtime_ns,
+            after.st_ctime_ns,
+        ):
+            raise RuntimeError(f"{path} changed")
+        out.append(hashlib.sha256(buffer[:n]).hexdigest())
+    return out
+
+
+@contender("pinned-floor")
+def pinned_floor(directory: str, *, workers: int | None = None, batch: int = 64) -> Run:
+    """The floor of a pinned verify of small files: :func:`_pinned_digests` by hand on batches
+    of ``batch`` files, one batch per task on ``workers`` threads (default: one per core).
+    What the checks and the hashing cost here with no library around them."""
+    paths = list_data(directory)
+    sizes = [os.path.getsize(p) for p in paths]
+    workers = workers or os.cpu_count() or 1
+    batches = [(paths[i : i + batch], sizes[i : i + batch]) for i in range(0, len(paths), batch)]
+    largest = max(sizes, default=0)
+
+    def task(item: tuple[list[str], list[int]]) -> list[str]:
+        return _pinned_digests(item[0], item[1], memoryview(bytearray(largest + 1)))
+
+    def run() -> object:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(task, batches))
+
+    return run
+
+
+@contender("read-manifest")
+def read_manifest(url: str) -> Run:
+    """``integrity_fs.read_manifest(url)``: the manifest read, parsed strictly and validated."""
+    import integrity_fs
+
+    return lambda: integrity_fs.read_manifest(url)
+
+
+@contender("json-loads")
+def json_loads(path: str) -> Run:
+    """A bare ``json.loads`` of the manifest file's bytes: the floor of parsing it (no checks)."""
+    import json
+
+    def run() -> object:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+
+    return run
+
+
 @contender("hashlib-serial")
 def hashlib_serial(directory: str, *, block_size: int = MiB) -> Run:
-    """One thread, ``hashlib.sha256`` over each file in ``block_size`` reads: one core's limit."""
+    """One thread, ``hashlib.sha256`` over each file in ``block_size`` reads into a buffer
+    allocated per file: one core's limit on large files; on small ones the allocation costs."""
     paths = list_data(directory)
 
     def run() -> object:

@@ -3,12 +3,14 @@
 Times, on one state dict saved to a local directory (single process, no process group):
 
 - ``dcp.save``: plain ``torch.distributed.checkpoint.save`` with DCP's ``FsspecWriter``;
-- ``integrity_fs.dcp.save``: the same writer, hashing every file as it writes it, then the manifest;
-  large writes are hashed on a helper thread (copied into reused buffers), overlapping the writes;
-- ``..., chunk granularity``: the same with ``granularity="chunk"`` (64 MiB chunks): the chunks of
-  one file are hashed on several threads while it is written;
-- ``..., hashing inline``: the same with ``BACKGROUND_MIN_BYTES`` out of reach: every write is
-  hashed in the writing thread (no copy, no overlap);
+- ``integrity_fs.dcp.save``: the same writer, hashing every file as it writes it, then the
+  manifest; its default, chunk granularity (64 MiB chunks): the chunks of one file are hashed on
+  several threads while it is written, each tensor's bytes where they lie (held, not copied);
+- ``..., every write copied``: the same, with no write hashed in place: each is copied into
+  reused buffers first (what a write of memory nobody holds costs);
+- ``..., file granularity``: one digest per file, hashed on a helper thread;
+- ``..., hashing inline``: chunk granularity with ``BACKGROUND_MIN_BYTES`` out of reach: every
+  write is hashed in the writing thread (no copy, no overlap);
 - ``dcp.save + seal``: the plain save, then ``integrity_fs.seal`` reading it all back (page cache).
 
 with ``sync_files`` off (the page cache only: the worst case for the hashing overhead) and on
@@ -16,10 +18,12 @@ with ``sync_files`` off (the page cache only: the worst case for the hashing ove
 save, ``others`` the CPU time other user processes used during the median call. The machine may be
 shared: only calls during which others used under a tenth of a core count (``timed calls`` says
 how many it took to get ``--repeats`` of them).
-A last line gives the time to hash the same bytes in memory on one core, the floor of what hashing adds,
-and the CPU floor of a sealed save: (plain save CPU + SHA-256 CPU of the bytes) / cores. The
-targets follow as PASS/MISS lines (``benchmarks.report.dcp_lines``). ``--json`` prints
-the rows as JSON instead (``python -m benchmarks`` runs it that way, in a child process).
+Then where the time goes: SHA-256 of the same bytes in memory on one core (the floor of what
+hashing adds), copying them into reused 8 MiB buffers (what hashing in place saves), and the fsync
+(the plain save with ``sync_files`` on, less off); and the CPU floor of a sealed save: (plain
+save CPU + SHA-256 CPU of the bytes) / cores. The targets follow as PASS/MISS lines
+(``benchmarks.report.dcp_lines``). ``--json`` prints the rows as JSON instead (``python -m
+benchmarks`` runs it that way, in a child process).
 """
 
 from __future__ import annotations
@@ -64,12 +68,19 @@ def _state_dict(total_mib: int, tensors: int) -> dict[str, Any]:
     return {"model": {f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(tensors)}, "step": 1}
 
 
+DEFAULT = "integrity_fs.dcp.save"
+COPIED = "integrity_fs.dcp.save, every write copied"
+FILE = "integrity_fs.dcp.save, file granularity"
+INLINE = "integrity_fs.dcp.save, hashing inline"
+
+
 def _contenders(sd: dict[str, Any], sync: bool) -> dict[str, Callable[[str], object]]:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     import integrity_fs
     from integrity_fs import dcp
+    from integrity_fs.dcp import streams, writer
 
     def plain(path: str) -> object:
         return dcp_save(sd, storage_writer=FsspecWriter(path, sync_files=sync), no_dist=True)
@@ -79,19 +90,26 @@ def _contenders(sd: dict[str, Any], sync: bool) -> dict[str, Callable[[str], obj
         return integrity_fs.seal(path)
 
     def hashing_inline(path: str) -> object:
-        default, dcp.BACKGROUND_MIN_BYTES = dcp.BACKGROUND_MIN_BYTES, 1 << 62
+        default, streams.BACKGROUND_MIN_BYTES = streams.BACKGROUND_MIN_BYTES, 1 << 62
         try:
             return dcp.save(sd, path, sync_files=sync)
         finally:
-            dcp.BACKGROUND_MIN_BYTES = default
+            streams.BACKGROUND_MIN_BYTES = default
+
+    def copied(path: str) -> object:
+        owner_of = writer.TensorOwners.owner_of
+        writer.TensorOwners.owner_of = lambda self, view: None  # type: ignore[method-assign]
+        try:
+            return dcp.save(sd, path, sync_files=sync)
+        finally:
+            writer.TensorOwners.owner_of = owner_of  # type: ignore[method-assign]
 
     return {
         "dcp.save": plain,
-        "integrity_fs.dcp.save": lambda path: dcp.save(sd, path, sync_files=sync),
-        "integrity_fs.dcp.save, chunk granularity": lambda path: dcp.save(
-            sd, path, sync_files=sync, granularity="chunk"
-        ),
-        "integrity_fs.dcp.save, hashing inline": hashing_inline,
+        DEFAULT: lambda path: dcp.save(sd, path, sync_files=sync),
+        COPIED: copied,
+        FILE: lambda path: dcp.save(sd, path, sync_files=sync, granularity="file"),
+        INLINE: hashing_inline,
         "dcp.save + seal": then_seal,
     }
 
@@ -122,8 +140,17 @@ def _time(save: Callable[[str], object], workdir: Path, repeats: int) -> tuple[f
     return (*min(runs, key=lambda r: abs(r[0] - median)), len(every))
 
 
-def run(total_mib: int, tensors: int, repeats: int, workdir: Path) -> tuple[list[Row], float, float]:
-    """The rows, and the wall and CPU seconds of hashing the same bytes in memory on one core."""
+@dataclass(frozen=True)
+class Costs:
+    """What the parts of a sealed save cost on their own, on one core (seconds)."""
+
+    hash_s: float  # SHA-256 of the state dict's bytes in memory: wall
+    hash_cpu_s: float  # and CPU
+    copy_cpu_s: float  # copying the same bytes into reused 8 MiB buffers
+
+
+def run(total_mib: int, tensors: int, repeats: int, workdir: Path) -> tuple[list[Row], Costs]:
+    """The rows, and what hashing and copying the same bytes cost on one core."""
     sd = _state_dict(total_mib, tensors)
     rows = []
     with warnings.catch_warnings():
@@ -133,11 +160,18 @@ def run(total_mib: int, tensors: int, repeats: int, workdir: Path) -> tuple[list
                 elapsed, cpu, others, calls = _time(save, workdir, repeats)
                 rows.append(Row(name, sync, elapsed, cpu, others, calls))
     shutil.rmtree(workdir / "ckpt", ignore_errors=True)
-    views = [t.view(-1).numpy().data for t in sd["model"].values()]
+    views = [memoryview(t.view(-1).numpy().data).cast("B") for t in sd["model"].values()]
     start, cpu = time.perf_counter(), time.process_time()
     for view in views:
         hashlib.sha256(view).hexdigest()
-    return rows, time.perf_counter() - start, time.process_time() - cpu
+    hash_s, hash_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    buffers = [bytearray(8 * MiB) for _ in range(4)]
+    cpu = time.process_time()
+    for i, view in enumerate(views):
+        for start in range(0, len(view), 8 * MiB):
+            piece = view[start : start + 8 * MiB]
+            buffers[i % 4][: len(piece)] = piece
+    return rows, Costs(hash_s, hash_cpu_s, time.process_time() - cpu)
 
 
 def table(rows: list[Row]) -> str:
@@ -165,17 +199,17 @@ def main() -> None:
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ifs-bench-dcp-", dir=args.dir) as tmp:
-        rows, hash_s, hash_cpu_s = run(args.mib, args.tensors, args.repeats, Path(tmp))
+        rows, costs = run(args.mib, args.tensors, args.repeats, Path(tmp))
     if args.json:
-        data = {"rows": [dataclasses.asdict(r) for r in rows], "hash_s": hash_s, "hash_cpu_s": hash_cpu_s}
+        data = {"rows": [dataclasses.asdict(r) for r in rows], **dataclasses.asdict(costs)}
         print(json.dumps({**data, "mib": args.mib, "tensors": args.tensors, "repeats": args.repeats}))
         return
-    from benchmarks.report import dcp_lines
+    from benchmarks.report import dcp_costs_table, dcp_lines
 
     print(f"state dict of {args.tensors} tensors, {args.mib} MiB in all; median of {args.repeats}\n")
     print(table(rows))
-    print(f"\nsha256 of the same bytes in memory, one core: {hash_s:.3f} s ({args.mib * MiB / hash_s / 1e9:.2f} GB/s)")
-    print("\n".join(["", *dcp_lines(rows, hash_cpu_s)]))
+    print("\n" + dcp_costs_table(rows, costs.hash_cpu_s, costs.copy_cpu_s, args.mib * MiB))
+    print("\n".join(["", *dcp_lines(rows, costs.hash_cpu_s, costs.copy_cpu_s)]))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import re
 import shutil
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, cast
@@ -34,8 +35,9 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp, storage
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp, hashing, storage
 from integrity_fs.dcp import streams as dcp_streams
+from integrity_fs.dcp import writer as dcp_writer
 
 
 def _state() -> dict[str, Any]:
@@ -175,6 +177,87 @@ def test_chunks_of_one_stream_are_hashed_on_several_threads_in_bounded_buffers(
         return
     assert hashed_on == {f"integrity_fs-hash-{i}" for i in range(threads)}
     assert stream._parallel is not None and stream._parallel._allocated <= dcp_streams.BUFFERS * threads
+
+
+class _SlowHasher:
+    """SHA-256 that takes its time: hashing lags well behind the writes it hashes."""
+
+    def __init__(self) -> None:
+        self._hasher = hashlib.sha256()
+
+    def update(self, data: Any) -> None:
+        threading.Event().wait(0.002)
+        self._hasher.update(data)
+
+    def hexdigest(self) -> str:
+        return self._hasher.hexdigest()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("chunk_size", [None, 4096])
+def test_writes_whose_memory_has_an_owner_are_hashed_in_place_the_others_copied(
+    monkeypatch: pytest.MonkeyPatch, threads: int, chunk_size: int | None
+) -> None:
+    """A write of memory that an owner keeps (a tensor DCP writes) is hashed where it lies, the
+    owner held until then; any other write is copied first, so that the caller reusing its buffer
+    once ``write`` returns changes nothing."""
+    monkeypatch.setattr(dcp_streams, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(dcp_streams, "PIECE_BYTES", 1000)
+    monkeypatch.setattr(dcp_streams, "HASH_THREADS", threads)
+    monkeypatch.setattr(dcp_streams, "LAG_BYTES", 20_000)
+    monkeypatch.setitem(hashing.ALGORITHMS, "sha256", _SlowHasher)
+    rng = random.Random(threads)
+    owned: dict[int, _Owned] = {}
+
+    def owner_of(view: memoryview) -> object | None:
+        return owned.pop(id(view.obj), None)
+
+    raw = io.BytesIO()
+    stream = dcp_streams.HashingStream(raw, "sha256", chunk_size, owner_of)
+    alive: list[weakref.ref[_Owned]] = []
+    for i in range(40):
+        size = rng.choice([10, 999, 3000, 9000])
+        if i % 2:
+            buffer = _Owned(rng.randbytes(size))
+            owned[id(buffer)] = buffer
+            alive.append(weakref.ref(buffer))
+            stream.write(buffer)
+        else:
+            buffer = bytearray(rng.randbytes(size))
+            stream.write(buffer)
+            buffer[:] = bytes(size)  # reused by its writer once write returned (an owner's memory is not)
+        del buffer
+    assert any(ref() is not None for ref in alive)  # held by the hashing, which lags behind
+    size, digests = stream.finish()
+    assert all(ref() is None for ref in alive)  # let go once hashed
+    data = raw.getvalue()
+    step = chunk_size or len(data)
+    assert size == len(data)
+    assert list(digests) == [hashlib.sha256(data[i : i + step]).hexdigest() for i in range(0, len(data), step)]
+
+
+class _Owned(bytearray):
+    """Memory that an owner keeps as it is (a tensor's storage), weakly referable."""
+
+
+def test_save_hashes_each_large_tensor_where_it_lies(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """dcp.save hashes a tensor's bytes in its own memory, held until hashed: nothing copied for
+    them, and the manifest is the one a seal reading everything back gives."""
+    claimed: list[int] = []
+    owner_of = dcp_writer.TensorOwners.owner_of
+
+    def counting(self: Any, view: memoryview) -> Any:
+        owner = owner_of(self, view)
+        if owner is not None:
+            claimed.append(len(view))
+        return owner
+
+    monkeypatch.setattr(dcp_writer.TensorOwners, "owner_of", counting)
+    gen = torch.Generator().manual_seed(1)
+    state = {"model": {f"w{i}": torch.randn(1 << 19, generator=gen) for i in range(6)}, "step": 1}
+    manifest = dcp.save(state, tmp_path / "ckpt", chunk_size=3 << 20)
+    assert sorted(claimed) == [1 << 21] * 6  # each 2 MiB tensor, in place
+    assert ifs.seal(tmp_path / "ckpt", overwrite=True, granularity="chunk", chunk_size=3 << 20) == manifest
 
 
 @pytest.mark.parametrize("read_back", [None, "verify", "cat_file"], ids=["as-is", "verify-injected", "cat-injected"])

@@ -11,8 +11,23 @@ from hypothesis import strategies as st
 
 import integrity_fs as ifs
 from integrity_fs import Manifest, ManifestError
+from integrity_fs import manifest as manifest_module
 
 D = hashlib.sha256(b"x").hexdigest()
+
+try:
+    import msgspec  # noqa: F401  # the optional parser (extra "fast")
+
+    PARSERS = manifest_module.JSON_PARSERS
+except ImportError:  # every test below still runs on the standard library's parser
+    PARSERS = ("json",)
+
+
+@pytest.fixture(params=PARSERS)
+def parser(request, monkeypatch):
+    """Each test that takes it runs once per JSON parser: msgspec (where installed) and json."""
+    monkeypatch.setattr(manifest_module, "json_parser", request.param)
+    return request.param
 
 
 def doc(**changes: object) -> bytes:
@@ -91,7 +106,7 @@ def test_manifest_is_immutable():
         (doc(granularity="chunk", sizes={"a": 1}, chunk_size=4, chunks={"a": [D]}), "does not match its chunk"),
     ],
 )
-def test_malformed_manifest_says_what_is_wrong(raw, message):
+def test_malformed_manifest_says_what_is_wrong(raw, message, parser):
     with pytest.raises(ManifestError, match=message):
         Manifest.from_json(raw)
 
@@ -114,7 +129,7 @@ def test_malformed_manifest_says_what_is_wrong(raw, message):
     ],
 )
 @pytest.mark.parametrize("among", [(), ("a", "b/c"), ("a",), ("z",)])
-def test_names_that_escape_the_root_are_refused(name, among):
+def test_names_that_escape_the_root_are_refused(name, among, parser):
     files = dict.fromkeys([*among[:1], name, *among[1:]], D)  # alone, between, first or last
     with pytest.raises(ManifestError, match="file name|must not list itself"):
         Manifest.from_json(doc(files=files))
@@ -211,3 +226,135 @@ def test_canonical_json_is_what_json_dumps_writes(value):
     from integrity_fs.manifest import canonical_json
 
     assert canonical_json(value) == json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False)
+
+
+# --- strict parsing at C speed: a repeated key is refused however the document hides it ---------
+
+_HEAD = '{"version": 1, "granularity": "file", "algorithm": "sha256", '
+_REPEATS = {
+    "files": _HEAD + f'"files": {{"a": "{D}", "a": "{"0" * 64}"}}}}',
+    "top level": '{"version": 1, ' + _HEAD[1:] + '"files": {}}',
+    "identical pair": _HEAD + f'"files": {{"a": "{D}", "a": "{D}"}}}}',
+    "spaced colons": '{"version" : 1, "granularity" : "file", "algorithm" : "sha256", "files" : {}, "files" : {}}',
+    "inside a list": _HEAD + '"files": {}, "x": [{"k": 1, "k": 2}]}',
+    "deep in an unknown key": _HEAD + '"files": {}, "x": {"y": [[{"z": {"k": [], "k": {}}}]]}}',
+    "a key with colons": _HEAD + '"files": {}, "x": {"a:b": 1, "a:b": 2}}',
+    "the dropped value holds colons": _HEAD + '"files": {}, "x": {"k": "1:2:3", "k": "4"}}',
+    # Each escaped colon parses to one more colon than the text shows: it must not make up for
+    # the key the repeat dropped.
+    "an escaped colon makes up for it": _HEAD + '"files": {}, "x": {"k": 1, "k": 2}, "y": "\\u003a"}',
+    "an escaped key makes up for it": _HEAD + '"files": {}, "x": {"k": 1, "k": 2}, "\\u003a": 0}',
+}
+
+
+@pytest.mark.parametrize("text", _REPEATS.values(), ids=_REPEATS.keys())
+@pytest.mark.parametrize("as_bytes", [True, False], ids=["bytes", "str"])
+def test_a_repeated_key_is_refused_whatever_hides_it(text, as_bytes, parser):
+    assert json.loads(text)  # valid JSON, last one wins: what a lenient reader would take
+    with pytest.raises(ManifestError, match="repeats the key"):
+        Manifest.from_json(text.encode() if as_bytes else text)
+
+
+def test_escapes_and_colons_in_names_parse_as_json_does(parser):
+    files = {"x/a:b": D, 'q"uote': D, "tab\tname": D, "é/ü:": D, "\u00e9": D, "\U0001f600": D}
+    raw = json.dumps({"version": 1, "granularity": "file", "algorithm": "sha256", "files": files}).encode()
+    assert b"\\u00e9" in raw  # ensure_ascii: the names come escaped
+    assert dict(Manifest.from_json(raw).files) == files
+    assert dict(Manifest.from_json(Manifest.from_json(raw).to_json()).files) == files
+
+
+_KEYS = st.text(alphabet=st.sampled_from(["a", ":", '"', "\\", "é", "\n", " "]), max_size=4)
+_DOCS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _KEYS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_DOCS, ascii_only=st.booleans(), spaced=st.booleans(), repeat=st.booleans())
+def test_strict_parse_agrees_with_a_key_by_key_check(value, ascii_only, spaced, repeat):
+    """Any JSON document, written any way, with or without one key written twice: parse_json
+    refuses exactly the documents that repeat a key, and gives json's value for the others."""
+    from integrity_fs.manifest import parse_json
+
+    separators = (", ", " : ") if spaced else (",", ":")
+    text = json.dumps({"doc": value}, ensure_ascii=ascii_only, separators=separators)
+    if repeat:
+        text = text[:-1] + separators[0] + text[1:]  # {"doc": v, "doc": v}
+    for name in PARSERS:
+        manifest_module.json_parser = name
+        try:
+            for raw in (text, text.encode()):
+                if repeat:
+                    with pytest.raises(ManifestError, match="repeats the key"):
+                        parse_json(raw)
+                else:
+                    assert parse_json(raw) == json.loads(text)
+        finally:
+            manifest_module.json_parser = PARSERS[0]
+
+
+_JSONISH = st.lists(
+    st.sampled_from(
+        [
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            '"',
+            '"a"',
+            '"b"',
+            "1",
+            "-0",
+            "1e400",
+            "1.5",
+            "9" * 25,
+            "true",
+            "null",
+            "NaN",
+            "\\",
+            "\\u0041",
+            "\\ud800",
+            " ",
+            "\x01",
+            "é",
+            "\udcff",
+            '{"k":',
+            '"k":1,"k":2',
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@pytest.mark.skipif("msgspec" not in PARSERS, reason="msgspec is not installed")
+@settings(max_examples=500, deadline=None)
+@given(_JSONISH)
+def test_msgspec_and_json_give_one_verdict(text):
+    """Whatever the bytes, the optional parser and the standard library's reach the same verdict:
+    the same value (and types), or a ManifestError."""
+    from integrity_fs.manifest import parse_json
+
+    raw = text.encode("utf-8", "surrogatepass")
+    verdicts = []
+    for name in PARSERS:
+        manifest_module.json_parser = name
+        try:
+            value = parse_json(raw)
+            verdicts.append(("ok", repr(value), _types(value)))
+        except ManifestError:
+            verdicts.append(("refused",))
+        finally:
+            manifest_module.json_parser = PARSERS[0]
+    assert verdicts[0] == verdicts[1]
+
+
+def _types(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value).__name__

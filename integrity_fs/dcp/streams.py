@@ -12,12 +12,22 @@ import io
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .. import storage
 from ..hashing import Hasher, StreamDigest, new_hasher
 
-__all__ = ["BACKGROUND_MIN_BYTES", "BUFFERS", "HASH_THREADS", "PIECE_BYTES", "HashingStream", "SealingStream"]
+__all__ = [
+    "BACKGROUND_MIN_BYTES",
+    "BUFFERS",
+    "HASH_THREADS",
+    "LAG_BYTES",
+    "PIECE_BYTES",
+    "HashingStream",
+    "OwnerOf",
+    "SealingStream",
+]
 
 #: Writes at least this large are hashed on a helper thread, overlapping the write that follows.
 BACKGROUND_MIN_BYTES = 1024 * 1024
@@ -35,6 +45,17 @@ BUFFERS = 4
 HASH_THREADS = min(4, os.cpu_count() or 1)
 
 
+#: How far hashing may lag behind the writes it hashes in place (memory an owner keeps alive, not
+#: copied): enough for the next chunks to be hashed while the writer goes on.
+LAG_BYTES = 256 * 1024 * 1024
+
+
+#: Given a write's bytes, the object that keeps that memory alive and unchanged until the save
+#: ends (a tensor DCP is writing), or ``None``: then the bytes are copied before another thread
+#: may hash them, since the caller may reuse its buffer once ``write`` returns.
+OwnerOf = Callable[[memoryview], object | None]
+
+
 class HashingStream(io.IOBase):
     """A write stream that passes bytes to ``raw`` and hashes them on their way.
 
@@ -43,9 +64,10 @@ class HashingStream(io.IOBase):
     Chunks: a :class:`_ParallelChunkDigest` hashes several chunks at once on ``HASH_THREADS``.
     """
 
-    def __init__(self, raw: Any, algorithm: str, chunk_size: int | None) -> None:
+    def __init__(self, raw: Any, algorithm: str, chunk_size: int | None, owner_of: OwnerOf | None = None) -> None:
         super().__init__()
         self._raw = raw
+        self._owner_of = owner_of
         self._digest = StreamDigest(algorithm, chunk_size)
         self._background: _BackgroundDigest | None = None
         self._parallel = None
@@ -59,14 +81,18 @@ class HashingStream(io.IOBase):
         view = memoryview(data).cast("B")
         written = self._raw.write(data)
         n = len(view) if written is None else written
+        piece = view[:n]
+        owner = None
+        if self._owner_of is not None and n >= BACKGROUND_MIN_BYTES:
+            owner = self._owner_of(piece)  # a tensor's own memory: hashed there, not copied
         if self._parallel is not None:
-            self._parallel.update(view[:n])
+            self._parallel.update(piece, owner)
         elif self._background is None and n < BACKGROUND_MIN_BYTES:
-            self._digest.update(view[:n])
+            self._digest.update(piece)
         else:
             if self._background is None:
                 self._background = _BackgroundDigest(self._digest)
-            self._background.update(view[:n])
+            self._background.update(piece, owner)
         return n
 
     def tell(self) -> int:
@@ -133,19 +159,47 @@ class SealingStream(io.IOBase):
         self._writer.abort()
 
 
+class _Lag:
+    """Bytes handed to hashing in place and not hashed yet, at most ``limit`` (one piece more
+    when nothing else is in flight): the writer waits beyond that."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._held = 0
+        self._changed = threading.Condition()
+
+    def take(self, n: int) -> None:
+        with self._changed:
+            while self._held and self._held + n > self._limit:
+                self._changed.wait()
+            self._held += n
+
+    def give_back(self, n: int) -> None:
+        with self._changed:
+            self._held -= n
+            self._changed.notify_all()
+
+
+#: A piece of a stream for a hashing thread: the bytes (a reused buffer to give back, or memory
+#: that ``owner`` keeps alive), how many of them, and who keeps them.
+_Bytes = tuple[bytearray | memoryview, int, object]
+
+
 class _BackgroundDigest:
     """Feeds a :class:`StreamDigest` on a helper thread, in order, from a few reused buffers.
 
     The writer copies each write into the current buffer (its own may change once ``write``
     returns) and goes on; a full buffer goes to the helper thread. With every buffer taken the
     writer waits, so hashing lags by at most ``BUFFERS * PIECE_BYTES``. Reused buffers spare the
-    page faults of fresh allocations.
+    page faults of fresh allocations. A write whose memory has an owner (see :data:`OwnerOf`) is
+    not copied: the helper hashes it in place, holding the owner, up to ``LAG_BYTES`` behind.
     """
 
     def __init__(self, digest: StreamDigest) -> None:
         self._digest = digest
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-        self._work: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[_Bytes | None] = queue.SimpleQueue()
+        self._lag = _Lag(LAG_BYTES)
         self._allocated = 0
         self._current: bytearray | None = None
         self._filled = 0
@@ -153,7 +207,13 @@ class _BackgroundDigest:
         self._thread = threading.Thread(target=self._run, name="integrity_fs-hash", daemon=True)
         self._thread.start()
 
-    def update(self, view: memoryview) -> None:
+    def update(self, view: memoryview, owner: object = None) -> None:
+        if owner is not None and view:
+            if self._current is not None:
+                self._submit()  # the bytes before these, first
+            self._lag.take(len(view))
+            self._work.put((view, len(view), owner))
+            return
         while view:
             if self._current is None:
                 self._current, self._filled = self._take_buffer(), 0
@@ -175,7 +235,7 @@ class _BackgroundDigest:
 
     def _submit(self) -> None:
         assert self._current is not None
-        self._work.put((self._current, self._filled))
+        self._work.put((self._current, self._filled, None))
         self._current = None
 
     def _take_buffer(self) -> bytearray:
@@ -189,13 +249,23 @@ class _BackgroundDigest:
 
     def _run(self) -> None:
         while (item := self._work.get()) is not None:
-            buffer, length = item
+            data, length, owner = item
             if self._error is None:
                 try:
-                    self._digest.update(memoryview(buffer)[:length])
+                    self._digest.update(memoryview(data)[:length])
                 except BaseException as exc:  # raised by close(), in the writer's thread
                     self._error = exc
-            self._free.put(buffer)
+            if owner is None:
+                assert isinstance(data, bytearray)
+                self._free.put(data)
+            else:
+                self._lag.give_back(length)
+            del data, owner  # the owner's memory may go once hashed
+
+
+#: A piece of a chunk for its thread: the chunk's index and hasher, its bytes (see ``_Bytes``),
+#: and whether it is the chunk's last.
+_ChunkPiece = tuple[int, Hasher, bytearray | memoryview | None, int, object, bool]
 
 
 class _ParallelChunkDigest:
@@ -205,7 +275,9 @@ class _ParallelChunkDigest:
     order as they arrive (the chunk's hasher travels with each piece). The writer copies each write
     into reused ``PIECE_BYTES`` buffers (pieces end at chunk boundaries) and waits when all
     ``BUFFERS * threads`` are taken, so memory stays bounded and hashing lags by at most that much.
-    Until ``BACKGROUND_MIN_BYTES`` the writer hashes inline (small files start no thread).
+    A write whose memory has an owner (see :data:`OwnerOf`) is not copied: its pieces are hashed in
+    place, the owner held, up to ``LAG_BYTES`` behind. Until ``BACKGROUND_MIN_BYTES`` the writer
+    hashes inline (small files start no thread).
     """
 
     def __init__(self, algorithm: str, chunk_size: int, threads: int) -> None:
@@ -217,21 +289,25 @@ class _ParallelChunkDigest:
         self._in_chunk = 0  # its bytes so far
         self._hasher = new_hasher(algorithm)  # of the chunk being written
         self._digests: dict[int, str] = {}
-        self._queues: list[queue.SimpleQueue[tuple[int, Hasher, bytearray | None, int, bool] | None]] = []
+        self._queues: list[queue.SimpleQueue[_ChunkPiece | None]] = []
         self._threads: list[threading.Thread] = []
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self._lag = _Lag(LAG_BYTES)
         self._allocated = 0
         self._current: bytearray | None = None
         self._filled = 0
         self._error: BaseException | None = None
         self._closed = False
 
-    def update(self, view: memoryview) -> None:
+    def update(self, view: memoryview, owner: object = None) -> None:
         if not self._threads:
             if self.size + len(view) < BACKGROUND_MIN_BYTES:
                 self._inline(view)
                 return
             self._start()
+        if owner is not None:
+            self._in_place(view, owner)
+            return
         while view:
             if self._current is None:
                 self._current, self._filled = self._take_buffer(), 0
@@ -245,6 +321,23 @@ class _ParallelChunkDigest:
                 self._submit(last=True)
             elif self._filled == len(self._current):
                 self._submit(last=False)
+
+    def _in_place(self, view: memoryview, owner: object) -> None:
+        """``view``'s pieces (one per chunk it spans) to the chunks' threads, not copied."""
+        if self._current is not None:
+            self._submit(last=False)  # the bytes before these, first
+        while view:
+            take = min(len(view), self._chunk_size - self._in_chunk)
+            self._lag.take(take)
+            self._in_chunk += take
+            self.size += take
+            last = self._in_chunk == self._chunk_size
+            self._queues[self._chunk % len(self._queues)].put(
+                (self._chunk, self._hasher, view[:take], take, owner, last)
+            )
+            view = view[take:]
+            if last:
+                self._next_chunk()
 
     def close(self) -> None:
         """Wait until every byte is hashed; raise what hashing raised."""
@@ -285,15 +378,17 @@ class _ParallelChunkDigest:
 
     def _start(self) -> None:
         for index in range(self._threads_wanted):
-            work: queue.SimpleQueue[tuple[int, Hasher, bytearray | None, int, bool] | None] = queue.SimpleQueue()
+            work: queue.SimpleQueue[_ChunkPiece | None] = queue.SimpleQueue()
             thread = threading.Thread(target=self._run, args=(work,), name=f"integrity_fs-hash-{index}", daemon=True)
             self._queues.append(work)
             self._threads.append(thread)
             thread.start()
 
     def _submit(self, *, last: bool) -> None:
+        """The current buffer (if any) to the chunk's thread; ``last``: the chunk ends here."""
+        filled = self._filled if self._current is not None else 0
         self._queues[self._chunk % len(self._queues)].put(
-            (self._chunk, self._hasher, self._current, self._filled if self._current is not None else 0, last)
+            (self._chunk, self._hasher, self._current, filled, None, last)
         )
         self._current = None
         if last:
@@ -308,16 +403,20 @@ class _ParallelChunkDigest:
                 return bytearray(PIECE_BYTES)
         return self._free.get()
 
-    def _run(self, work: queue.SimpleQueue[tuple[int, Hasher, bytearray | None, int, bool] | None]) -> None:
+    def _run(self, work: queue.SimpleQueue[_ChunkPiece | None]) -> None:
         while (item := work.get()) is not None:
-            chunk, hasher, buffer, length, last = item
+            chunk, hasher, data, length, owner, last = item
             if self._error is None:
                 try:
-                    if buffer is not None:
-                        hasher.update(memoryview(buffer)[:length])
+                    if data is not None:
+                        hasher.update(memoryview(data)[:length])
                     if last:
                         self._digests[chunk] = hasher.hexdigest()
                 except BaseException as exc:  # raised by close(), in the writer's thread
                     self._error = exc
-            if buffer is not None:
-                self._free.put(buffer)
+            if owner is not None:
+                self._lag.give_back(length)
+            elif data is not None:
+                assert isinstance(data, bytearray)
+                self._free.put(data)
+            del data, owner  # the owner's memory may go once hashed

@@ -10,8 +10,9 @@ import contextlib
 import io
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .. import manifests, signing, storage
 from ..collectives import INSTALL_HINT
@@ -22,6 +23,7 @@ from ..seal import build_manifest, load_signing_key
 from .streams import HashingStream, SealingStream
 
 try:
+    import torch
     from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
@@ -34,7 +36,7 @@ except ImportError as exc:
 if TYPE_CHECKING:
     import fsspec
 
-__all__ = ["HashingFsspecWriter", "WrittenFile"]
+__all__ = ["HashingFsspecWriter", "TensorOwners", "WrittenFile"]
 
 URL = str | os.PathLike[str]
 
@@ -125,7 +127,12 @@ class HashingFsspecWriter(FsspecWriter):
                 )
             return results + [_carrier(f) for f in self._written_files()]
 
-        return super().write_data(plan, planner).then(with_digests)
+        owners = self.hashing_fs.owners
+        try:
+            holding = cast(SavePlanner, _HoldingPlanner(planner, owners))  # a proxy: DCP only calls resolve_data
+            return super().write_data(plan, holding).then(with_digests)
+        finally:
+            owners.clear()
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         files = [wr.storage_data for wrs in results for wr in wrs if _is_carrier(wr)]
@@ -179,6 +186,74 @@ class _Teed:
         return getattr(self._raw, name)
 
 
+class TensorOwners:
+    """The tensors DCP is about to write, by the address and size of their memory (the last few):
+    a write of exactly one's memory is hashed there, the tensor held, instead of copied first."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        with self._lock:
+            self._held[storage.data_ptr()] = (storage.nbytes(), tensor)
+            self._held.move_to_end(storage.data_ptr())
+            while len(self._held) > self.KEEP:
+                self._held.popitem(last=False)
+
+    def owner_of(self, view: memoryview) -> torch.Tensor | None:
+        """The tensor whose memory ``view`` is, exactly; forgotten here (the hashing holds it now)."""
+        if not self._held:
+            return None
+        address = _address(view)
+        if address is None:
+            return None
+        with self._lock:
+            found = self._held.get(address)
+            if found is None or found[0] != len(view):
+                return None
+            del self._held[address]
+            return found[1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+
+def _address(view: memoryview) -> int | None:
+    try:
+        import numpy
+    except ImportError:  # then every write is copied before another thread hashes it
+        return None
+    return int(numpy.frombuffer(view, dtype=numpy.uint8).ctypes.data)
+
+
+class _HoldingPlanner:
+    """``planner`` whose resolved CPU tensors that fill their storage are held by ``owners`` until
+    written: DCP's loader writes those as they are (a view into a larger storage it clones first,
+    and that copy is not held), so the memory torch.save writes is the memory held."""
+
+    def __init__(self, planner: SavePlanner, owners: TensorOwners) -> None:
+        self._planner = planner
+        self._owners = owners
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+    def resolve_data(self, write_item: Any) -> Any:
+        data = self._planner.resolve_data(write_item)
+        if (
+            isinstance(data, torch.Tensor)
+            and data.device.type == "cpu"
+            and data.untyped_storage().size() == data.nbytes
+        ):
+            self._owners.hold(data)
+        return data
+
+
 def _pem(key: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
@@ -206,17 +281,20 @@ class _HashingFileSystem(_FsspecFileSystem):
         self._checksums = storage.SealingWriter.carries_checksums(fs, algorithm)
         self._written: dict[str, tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
         self._lock = threading.Lock()
+        self.owners = TensorOwners()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Picklable (DCP's process executor sends the writer to its checkpoint process); the lock is not."""
+        """Picklable (DCP's process executor sends the writer to its checkpoint process); the
+        lock and the tensors held are not."""
         with self._lock:
             state = {**self.__dict__, "_written": dict(self._written)}
-        del state["_lock"]
+        del state["_lock"], state["owners"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self.owners = TensorOwners()
 
     @contextlib.contextmanager
     def create_stream(self, path: URL, mode: str) -> Iterator[io.IOBase]:
@@ -251,7 +329,9 @@ class _HashingFileSystem(_FsspecFileSystem):
             recording = storage.WriteRecording(self.fs)
             sinks = recording.sinks(os.fspath(path), None, checksummed=False) if recording else []
             with super().create_stream(path, mode) as raw:
-                stream = HashingStream(_Teed(raw, sinks) if sinks else raw, self._algorithm, self._chunk_size)
+                stream = HashingStream(
+                    _Teed(raw, sinks) if sinks else raw, self._algorithm, self._chunk_size, self.owners.owner_of
+                )
                 try:
                     yield stream
                 except BaseException:

@@ -138,8 +138,11 @@ def list_files(
     versions: dict[str, Version] | None = None,
     leftovers: bool = False,
     states: dict[str, ObjectState] | None = None,
+    ordered: bool = True,
 ) -> dict[str, int]:
-    """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted.
+    """Every file under ``root``: POSIX name relative to root -> size in bytes, sorted by name;
+    with ``ordered=False`` in the order the store lists them (sorting 100,000 names costs about a
+    sixth of listing them, and a comparison with a manifest needs no order).
 
     The root's manifest and signature are left out, and so are temporary files that an
     interrupted write of ours left at a local root (:func:`is_leftover`; with a WARNING), unless
@@ -155,7 +158,7 @@ def list_files(
     the modification time on local disks, the version elsewhere.
     """
     if is_local(fs):
-        return _list_local(root, stamps, versions, leftovers)
+        return _list_local(root, stamps, versions, leftovers, ordered)
     with storage_errors(f"listing {describe(fs, root)}"):
         forget_cached(fs, root)
         found = fs.find(root, detail=True, withdirs=False)
@@ -181,7 +184,7 @@ def list_files(
                     stamps[name] = str(version)
                 if versions is not None:
                     versions[name] = version
-    return dict(sorted(out.items()))
+    return dict(sorted(out.items())) if ordered else out
 
 
 def _listed_state(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> ObjectState | None:
@@ -232,11 +235,18 @@ def is_leftover(path: str, name: str) -> bool:
     return head[:1] in (b"", b"{")
 
 
+#: Directories are read through a descriptor where the platform allows it, so that each file's
+#: ``lstat`` is relative to it (``fstatat``) instead of resolving the whole path again.
+_SCANDIR_FD = os.scandir in os.supports_fd
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def _list_local(
     root: str,
     stamps: dict[str, str] | None = None,
     versions: dict[str, Version] | None = None,
     leftovers: bool = False,
+    ordered: bool = True,
 ) -> dict[str, int]:
     if not os.path.isdir(root):
         if os.path.exists(root):
@@ -249,64 +259,83 @@ def _list_local(
     is_regular = stat.S_ISREG
     while todo:
         directory, prefix = todo.pop()
+        fd = -1
         try:
-            listed = os.scandir(directory)
+            if _SCANDIR_FD:
+                fd = os.open(directory, _DIR_FLAGS)
+            listed = os.scandir(fd if fd >= 0 else directory)
         except (FileNotFoundError, NotADirectoryError):
+            if fd >= 0:
+                os.close(fd)
             if not prefix:
                 raise
             continue  # a subdirectory removed (or replaced) since its parent was read: not there
-        with listed as entries:
-            for entry in entries:
-                link = entry.is_symlink()
-                if link:
-                    try:
-                        if entry.is_dir():  # linked directories are never descended
-                            continue
-                    except OSError:
-                        pass
-                elif entry.is_dir():  # not a link: nothing to follow
-                    todo.append((entry.path, f"{prefix}{entry.name}/"))
-                    continue
-                name = prefix + entry.name
-                if not prefix and name in NOT_CONTENT:
-                    continue
-                if not prefix and not link and name[0] == "." and is_leftover(entry.path, name):
-                    log.warning(
-                        "%s %s: left by an interrupted write of the manifest or signature (delete it)",
-                        "listing" if leftovers else "skipping",
-                        printable(name),
-                    )
-                    if not leftovers:
-                        continue
-                try:
+        try:
+            with listed as entries:
+                for entry in entries:
+                    link = entry.is_symlink()
                     if link:
-                        target = os.path.realpath(entry.path)
-                        if os.path.commonpath([real_root, target]) != real_root:
-                            log.warning(
-                                "skipping %s: symlink to %s leaves the checkpoint root",
-                                printable(name),
-                                printable(target),
-                            )
-                            continue
-                        if not os.path.isfile(target):
-                            continue
-                        st = os.stat(entry.path)
-                    else:
-                        st = entry.stat()  # not a link: its lstat, cached by scandir where the OS gives it
-                except FileNotFoundError:
-                    continue  # removed since the directory was read: not there (if listed, "missing")
-                if not is_regular(st.st_mode):
-                    log.warning(
-                        "skipping %s: a %s, not a regular file (never opened)", printable(name), kind_of(st.st_mode)
-                    )
-                    continue
-                out[name] = st.st_size
-                if stamps is not None:
-                    stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
-                if versions is not None:
-                    versions[name] = local_identity(st)
+                        try:
+                            if entry.is_dir():  # linked directories are never descended
+                                continue
+                        except OSError:
+                            pass
+                    elif entry.is_dir():  # not a link: nothing to follow
+                        todo.append((os.path.join(directory, entry.name), f"{prefix}{entry.name}/"))
+                        continue
+                    name = prefix + entry.name
+                    if not prefix and name in NOT_CONTENT:
+                        continue
+                    if not prefix and not link and name[0] == "." and _left_by_write(directory, name, leftovers):
+                        continue
+                    try:
+                        if link:
+                            path = os.path.join(directory, entry.name)
+                            target = os.path.realpath(path)
+                            if os.path.commonpath([real_root, target]) != real_root:
+                                log.warning(
+                                    "skipping %s: symlink to %s leaves the checkpoint root",
+                                    printable(name),
+                                    printable(target),
+                                )
+                                continue
+                            if not os.path.isfile(target):
+                                continue
+                            st = os.stat(path)
+                        else:
+                            st = entry.stat()  # not a link: its lstat (relative to the directory's descriptor)
+                    except FileNotFoundError:
+                        continue  # removed since the directory was read: not there (if listed, "missing")
+                    if not is_regular(st.st_mode):
+                        log.warning(
+                            "skipping %s: a %s, not a regular file (never opened)", printable(name), kind_of(st.st_mode)
+                        )
+                        continue
+                    out[name] = st.st_size
+                    if stamps is not None:
+                        stamps[name] = str(st.st_mtime)  # as fsspec's LocalFileSystem lists it
+                    if versions is not None:
+                        versions[name] = local_identity(st)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    if not ordered:
+        return out
     names = sorted(out)
     return dict(zip(names, map(out.__getitem__, names), strict=True))
+
+
+def _left_by_write(directory: str, name: str, leftovers: bool) -> bool:
+    """Whether the root's file ``name`` is left out of the listing as a leftover of ours (with a
+    WARNING either way; ``leftovers``: listed, so that a verification accounts for it)."""
+    if not is_leftover(os.path.join(directory, name), name):
+        return False
+    log.warning(
+        "%s %s: left by an interrupted write of the manifest or signature (delete it)",
+        "listing" if leftovers else "skipping",
+        printable(name),
+    )
+    return not leftovers
 
 
 def file_folder_clashes(names: Iterable[str]) -> list[tuple[str, str]]:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import FileChangedError
+from ..hashing import Hasher
 from .errors import FileGrewError, NotARegularFileError, ShortReadError
 from .listing import kind_of, local_identity
 
-__all__ = ["LocalRange", "open_regular", "read_small"]
+__all__ = ["LocalRange", "digest_small_file", "open_regular", "read_small"]
 
 #: Opening never waits for a FIFO's writer, and the descriptor is not inherited by children.
 OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -155,3 +157,42 @@ def read_small(path: str, length: int, buffer: memoryview, version: object) -> m
     finally:
         os.close(fd)
     return buffer[:length]
+
+
+def digest_small_file(
+    path: str, length: int, version: object, hasher: Callable[[], Hasher], buffer: memoryview
+) -> str | None:
+    """The digest of the whole local file ``path`` of ``length`` bytes (``length < len(buffer)``),
+    pinned to ``version`` (its listed identity; ``None``: as opened), or ``None`` when this quick
+    read does not settle it: the caller then reads it the guarded way (:func:`read_small` through
+    the retried reader), which says what is wrong.
+
+    For a small file what costs is what holds the GIL, not the hashing (which releases it): so
+    five system calls (open; ``fstat``: a regular file of the listed identity and size; one read
+    of a byte more than planned; ``fstat``: still that identity; close), one hasher, and little
+    other Python. The checks are :func:`read_small`'s: the identity before the first byte is used
+    and after the last, and exactly the planned bytes (fewer, or the extra byte, is a file that
+    changed). ``O_NONBLOCK`` is left on: regular files ignore it, and a read that does not falls back.
+    """
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except OSError:
+        return None
+    data = None
+    try:
+        st = os.fstat(fd)
+        identity = local_identity(st)
+        if stat.S_ISREG(st.st_mode) and st.st_size == length and (version is None or identity == version):
+            want = buffer[: length + 1]
+            read = os.readv(fd, (want,)) if _HAS_READV else _read_into(fd, want, 0)
+            if read == length and local_identity(os.fstat(fd)) == identity:
+                data = want[:length]
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    if data is None:
+        return None
+    h = hasher()
+    h.update(data)
+    return h.hexdigest()

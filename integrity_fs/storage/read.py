@@ -26,12 +26,12 @@ from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.spec import AbstractBufferedFile
 
 from ..errors import FileChangedError
-from ..hashing import READ_SIZES, new_hasher
+from ..hashing import ALGORITHMS, READ_SIZES, new_hasher
 from . import gcs, s3
 from .calls import READ_ATTEMPTS, check_stop, close_stream, on_loop, read_attempts, read_block, retried
 from .errors import FileGrewError, ShortReadError, SizeChangedError, storage_errors
 from .listing import Version, forget_cached, stamp_of
-from .local import LocalRange, open_file, read_small
+from .local import LocalRange, digest_small_file, open_file, read_small
 from .urls import describe, is_local
 
 __all__ = [
@@ -326,13 +326,22 @@ def hash_range(
 
     ``into`` (writable, exactly ``length`` bytes): the bytes are kept there, each piece hashed as
     it lands (the verified reads' unit buffers). ``buffer`` (writable, reused by the caller's
-    thread): a whole local file shorter than it is read into it in one call. ``extra``: makes the
-    hashers that each attempt also feeds the same bytes to, in order (a store's own checksums,
-    while they are recorded); the caller keeps the last ones made.
+    thread): a whole local file shorter than it is read into it in one call, first by
+    ``digest_small_file`` (no retry machinery: for small files the per-file Python is the cost),
+    and the guarded way only when that does not settle it. ``extra``: makes the hashers that each
+    attempt also feeds the same bytes to, in order (a store's own checksums, while they are
+    recorded); the caller keeps the last ones made.
     """
     check_end = file_size is not None and offset + length == file_size
     fast = into is None and buffer is not None and offset == 0 and check_end and length < len(buffer)
     fast = fast and is_local(fs)
+    if fast and extra is None and algorithm in ALGORITHMS and (stop is None or not stop.is_set()):
+        assert buffer is not None
+        digest = digest_small_file(path, length, version, ALGORITHMS[algorithm], buffer)
+        if digest is not None:  # else the guarded read below says what is wrong
+            if progress is not None:
+                progress(length)
+            return digest
     counted = [0]  # bytes reported to ``progress`` by the attempt under way
 
     def once(attempt: int) -> str:
