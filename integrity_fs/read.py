@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -128,7 +129,7 @@ class Buffers:
     each time (one pool can serve the files of one load, read one after another)."""
 
     def __init__(self, keep: int = HELD_UNITS) -> None:
-        self._free: list[bytearray] = []
+        self._free: list[Any] = []
         self._keep = keep
         self._lock = threading.Lock()
 
@@ -137,14 +138,26 @@ class Buffers:
             for i, buffer in enumerate(self._free):
                 if len(buffer) == size:
                     return memoryview(self._free.pop(i))
-        return memoryview(bytearray(size))
+        return memoryview(_new_buffer(size))
 
     def give(self, view: memoryview) -> None:
         buffer = view.obj
-        if isinstance(buffer, bytearray):
+        if isinstance(buffer, (bytearray, mmap.mmap)):
             with self._lock:
                 if len(self._free) < self._keep:
                     self._free.append(buffer)
+
+
+#: Buffers at least this large are mapped with their pages made present at once (one call) rather
+#: than faulted in one page at a time as the first read writes them.
+POPULATED_MIN = 1024 * 1024
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _new_buffer(size: int) -> Any:
+    if size >= POPULATED_MIN and _POPULATE and hasattr(mmap, "MAP_ANONYMOUS"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+    return bytearray(size)
 
 
 class VerifiedFile(io.RawIOBase):
@@ -161,6 +174,8 @@ class VerifiedFile(io.RawIOBase):
         self._buffers = buffers if buffers is not None else Buffers()
         self._units = _Units(entry)
         self._position = 0
+        self._read_to = 0  # where the last read ended
+        self._passed = 0  # read through in order up to here: units that end before are done with
         self._lock = threading.Lock()
         self._held: dict[int, Future[memoryview]] = {}
         self._stop = threading.Event()
@@ -199,14 +214,19 @@ class VerifiedFile(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         self._check_open()
         view = memoryview(buffer).cast("B")
+        if self._position == self._read_to:  # read on from where the last read ended: all before is passed
+            self._passed = max(self._passed, self._position)
         done = 0
         while done < len(view) and self._position < self.entry.size:
+            if done:  # this read goes on past a unit's end: what lies before is read through
+                self._passed = max(self._passed, self._position)
             if self._passthrough is not None:
                 n = self._passthrough.readinto(view[done:], self._position)
             else:
                 n = self._copy_from_unit(view[done:])
             self._position += n
             done += n
+        self._read_to = self._position
         return done
 
     def readall(self) -> bytes:
@@ -277,15 +297,20 @@ class VerifiedFile(io.RawIOBase):
         self._pool.submit(self._load, index, future)
 
     def _make_room(self, index: int, *, demand: bool) -> bool:
-        """Make room for unit ``index`` (under the lock). Reading ahead only fills a free place:
-        it never pushes out what may still be read. A unit asked for now first drops the unit
-        furthest behind the position, else the one furthest ahead (and is read even past the
-        bound while the others are still being read)."""
+        """Make room for unit ``index`` (under the lock). Reading ahead only takes a free place, or
+        that of a unit read through in order (the reader went on past its end): it never pushes
+        out what may still be read. A unit asked for now first drops the unit furthest behind the
+        position, else the one furthest ahead (and is read even past the bound while the others
+        are still being read)."""
         if len(self._held) < HELD_UNITS:
+            return True
+        done = [i for i in self._held if i != index and self._held[i].done()]
+        passed = [i for i in done if self._units.range(i)[1] <= self._passed]
+        if passed:
+            self._drop(min(passed))
             return True
         if not demand:
             return False
-        done = [i for i in self._held if i != index and self._held[i].done()]
         if done:
             here = self._units.at(self._position)
             behind = [i for i in done if i < here]
