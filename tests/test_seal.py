@@ -1,0 +1,346 @@
+"""seal: the manifest it writes (the same bytes on every backend), what it refuses before reading
+a byte, and all or nothing: a failed or disturbed seal leaves no manifest (or the old one)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Backend
+from fsspec.callbacks import Callback
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestError, ManifestNotFoundError
+from integrity_fs.cli import main as cli_main
+from integrity_fs.seal import MAX_CHUNKS_PER_FILE
+
+# --- what seal writes --------------------------------------------------------------------------------
+
+
+FILES = {
+    ".metadata": b"metadata bytes",
+    "__0_0.distcp": os.urandom(300_000),
+    "__1_0.distcp": os.urandom(200_001),
+    "sub/dir/x.bin": b"nested",
+    "empty": b"",
+}
+
+
+@pytest.fixture
+def ckpt(backend):
+    for name, data in FILES.items():
+        backend.write(name, data)
+    return backend
+
+
+def test_seal_writes_canonical_manifest_of_every_file(ckpt):
+    manifest = ifs.seal(ckpt.url, storage_options=ckpt.storage_options)
+    raw = ckpt.read(MANIFEST_FILENAME)
+    expected = {
+        "algorithm": "sha256",
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(FILES.items())},
+        "granularity": "file",
+        "sizes": {name: len(data) for name, data in sorted(FILES.items())},
+        "version": 1,
+    }
+    assert raw == (json.dumps(expected, indent=2, sort_keys=True) + "\n").encode()
+    assert manifest == ifs.Manifest.from_json(raw)
+    assert list(manifest.files) == sorted(FILES)
+    # Sealing again (the manifest now present) gives the same bytes: it never lists itself.
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options, overwrite=True)
+    assert ckpt.read(MANIFEST_FILENAME) == raw
+
+
+def test_manifest_bytes_are_identical_across_backends(ckpt, tmp_path):
+    local = tmp_path / "reference"
+    for name, data in FILES.items():
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_bytes(data)
+    ifs.seal(local)
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options)
+    assert ckpt.read(MANIFEST_FILENAME) == (local / MANIFEST_FILENAME).read_bytes()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_worker_count_does_not_change_the_manifest(ckpt, workers):
+    reference = ifs.seal(ckpt.url, storage_options=ckpt.storage_options, max_workers=1).to_json()
+    again = ifs.seal(ckpt.url, storage_options=ckpt.storage_options, max_workers=workers, overwrite=True)
+    assert again.to_json() == reference
+
+
+def test_callback_sees_every_byte(ckpt):
+    class Recorder(Callback):
+        pass
+
+    total = sum(map(len, FILES.values()))
+    seal_cb = Recorder()
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options, callback=seal_cb)
+    assert (seal_cb.size, seal_cb.value) == (total, total)
+    verify_cb = Recorder()
+    ifs.verify(ckpt.url, storage_options=ckpt.storage_options, callback=verify_cb, max_workers=3)
+    assert (verify_cb.size, verify_cb.value) == (total, total)
+
+
+def test_fs_argument_takes_a_path_inside_that_filesystem(ckpt):
+    ifs.seal(ckpt.root, fs=ckpt.fs)
+    assert ifs.verify(ckpt.root, fs=ckpt.fs).ok
+
+
+def test_seal_of_an_empty_directory_verifies_until_a_file_appears(tmp_path: Path) -> None:
+    ifs.seal(tmp_path)
+    assert ifs.verify(tmp_path).ok
+    (tmp_path / "planted.pt").write_bytes(b"not sealed")
+    with pytest.raises(IntegrityError, match="planted.pt"):
+        ifs.verify(tmp_path)
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_the_manifest_is_written_with_the_umask_permissions(tmp_path, umask, mode):
+    (tmp_path / "w.bin").write_bytes(b"weights")
+    old = os.umask(umask)
+    try:
+        ifs.seal(tmp_path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / MANIFEST_FILENAME).st_mode) == mode
+
+
+def test_dcp_save_writes_a_manifest_others_can_read(tmp_path: Path) -> None:
+    """dcp.save writes the manifest with the umask's permissions too, not 0600."""
+    torch = pytest.importorskip("torch")
+    from integrity_fs import dcp
+
+    old = os.umask(0o022)
+    try:
+        dcp.save({"w": torch.arange(10.0)}, str(tmp_path / "step_1"))
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(tmp_path / "step_1" / ifs.MANIFEST_FILENAME).st_mode)
+    assert mode == 0o644
+
+
+# --- what seal refuses, before reading any content ---------------------------------------------------
+
+
+def test_seal_refuses_a_sealed_root_unless_overwrite(ckpt):
+    """seal -> damage -> seal must not launder the damage into a "good" manifest."""
+
+    class Recorder(Callback):
+        pass
+
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options)
+    sealed = ckpt.read(MANIFEST_FILENAME)
+    ckpt.corrupt("__0_0.distcp", 7)
+    recorder = Recorder()
+    with pytest.raises(FileExistsError, match=r"already sealed.*pass overwrite=True / --force") as err:
+        ifs.seal(ckpt.url, storage_options=ckpt.storage_options, callback=recorder)
+    assert not isinstance(err.value, ManifestNotFoundError)
+    assert (recorder.size, recorder.value) == (None, 0)  # refused before any content was read
+    assert ckpt.read(MANIFEST_FILENAME) == sealed
+    with pytest.raises(IntegrityError, match="__0_0.distcp: mismatch"):
+        ifs.verify(ckpt.url, storage_options=ckpt.storage_options)
+    ifs.seal(ckpt.url, storage_options=ckpt.storage_options, overwrite=True)
+    assert ifs.verify(ckpt.url, storage_options=ckpt.storage_options).ok
+
+
+def test_seal_of_a_missing_directory_is_file_not_found(backend):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        ifs.seal(backend.url + "/nothing-here", storage_options=backend.storage_options)
+
+
+class _Counting(Callback):  # type: ignore[misc]  # fsspec is untyped
+    def __init__(self) -> None:
+        super().__init__()
+        self.sized = False
+
+    def set_size(self, size: int) -> None:
+        self.sized = True
+
+
+def _seal_refuses(url: str, storage_options: dict[str, Any], shown: str) -> None:
+    callback = _Counting()
+    with pytest.raises(ValueError) as err:
+        ifs.seal(url, storage_options=storage_options, callback=callback)
+    assert not isinstance(err.value, ManifestError)  # the checkpoint is fine, its names are not
+    assert shown in str(err.value)
+    assert not callback.sized and callback.value == 0  # refused before hashing started
+
+
+def test_seal_refuses_a_name_that_is_not_utf8_before_reading(tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(os.urandom(1 << 20))
+    (tmp_path / os.fsdecode(b"caf\xe9.pt")).write_bytes(b"latin-1 name")
+    _seal_refuses(str(tmp_path), {}, r"caf\xe9.pt")
+    assert not (tmp_path / MANIFEST_FILENAME).exists()
+
+
+def test_seal_refuses_a_backslash_in_a_name_before_reading(backend: Any) -> None:
+    backend.write("big.bin", os.urandom(1 << 20))
+    backend.write("dir\\x.pt", b"backslash")
+    _seal_refuses(backend.url, backend.storage_options, "dir\\\\x.pt")
+    assert MANIFEST_FILENAME not in backend.listdir()
+
+
+def test_seal_refuses_a_file_that_is_also_a_folder_before_reading_anything(s3_backend: Backend, monkeypatch):
+    s3_backend.write("sub", b"a key named like the folder beside it")
+    s3_backend.write("sub/x.bin", b"weights")
+    s3_backend.write("w.bin", b"more")
+    hashed: list[str] = []
+    real = ifs.storage.hash_range
+    monkeypatch.setattr(
+        ifs.storage, "hash_range", lambda fs, path, *a, **k: hashed.append(path) or real(fs, path, *a, **k)
+    )
+    options = s3_backend.storage_options
+    with pytest.raises(ValueError, match=r"'sub' is a file and also a folder holding 'sub/x.bin'"):
+        ifs.seal(s3_backend.url, storage_options=options)
+    assert hashed == [] and MANIFEST_FILENAME not in s3_backend.listdir()
+    assert ifs.storage.file_folder_clashes(["sub", "sub/x.bin", "sub/y/z", "a", "ab/c"]) == [("sub", "sub/x.bin")]
+
+
+def test_a_chunk_size_that_would_cut_a_file_into_millions_of_chunks_is_refused_before_any_read(tmp_path):
+    """`--chunk-size 64` means 64 bytes: on a large file, millions of digests and work without end.
+    seal, upload and the CLI refuse it at once, naming the file, and write nothing."""
+    big = tmp_path / "ckpt" / "model.bin"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(MAX_CHUNKS_PER_FILE * 64 + 1)  # sparse: nothing is read before the refusal
+    (tmp_path / "ckpt" / "small.bin").write_bytes(b"s")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"chunk_size=64 would cut 'model\.bin' .* 1,000,001 chunks"):
+        ifs.seal(big.parent, granularity="chunk", chunk_size=64)
+    with pytest.raises(ValueError, match="more than 1,000,000"):
+        ifs.upload(big.parent, tmp_path / "copy", granularity="chunk", chunk_size=64)
+    assert time.perf_counter() - started < 5
+    assert not (big.parent / MANIFEST_FILENAME).exists() and not (tmp_path / "copy").exists()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert cli_main(["seal", str(big.parent), "--granularity", "chunk", "--chunk-size", "64"]) == 2
+    assert "choose a larger chunk size" in err.getvalue()
+    ifs.seal(big.parent, granularity="chunk", chunk_size=64 * 1024 * 1024)  # the size meant: fine
+
+
+# --- a seal is all or nothing ------------------------------------------------------------------------
+
+
+def test_local_seal_interrupted_at_the_rename_leaves_no_trace(tmp_path, monkeypatch):
+    (tmp_path / "a.bin").write_bytes(b"one")
+    ifs.seal(tmp_path)
+    before = (tmp_path / MANIFEST_FILENAME).read_bytes()
+    (tmp_path / "a.bin").write_bytes(b"two")
+
+    def crash(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        ifs.seal(tmp_path, overwrite=True)
+    assert (tmp_path / MANIFEST_FILENAME).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_integrity_manifest.json", "a.bin"]
+
+
+@pytest.mark.parametrize(
+    ("granularity", "chunk_size", "size"),
+    [("file", None, 4 << 20), ("chunk", 64 * 1024, 256 * 1024)],
+    ids=["file-streamed", "chunk-batched"],
+)
+@pytest.mark.parametrize("how", ["in-place", "replaced"])
+def test_a_file_rewritten_while_it_is_sealed_is_never_sealed(tmp_path, granularity, chunk_size, size, how):
+    """A same-size rewrite during the read: the digest would be of bytes that never sat on disk
+    together (the first block old, the rest new). The seal must fail, writing no manifest."""
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"a" * size)
+    new = b"b" * size
+
+    class Rewriter(Callback):
+        def relative_update(self, inc: int = 1) -> None:
+            if self.value == 0 and inc > 0:  # after the first block (or chunk): a writer steps in
+                if how == "in-place":
+                    with open(path, "r+b") as f:
+                        f.write(new)
+                else:
+                    (tmp_path / "w.tmp").write_bytes(new)
+                    os.replace(tmp_path / "w.tmp", path)
+            super().relative_update(inc)
+
+    with pytest.raises(ifs.FileChangedError, match=r"w\.bin changed while it was read"):
+        ifs.seal(tmp_path, granularity=granularity, chunk_size=chunk_size, max_workers=1, callback=Rewriter())
+    assert not (tmp_path / MANIFEST_FILENAME).exists()
+    ifs.seal(tmp_path, granularity=granularity, chunk_size=chunk_size)  # once nothing writes, it seals
+    assert ifs.verify(tmp_path).ok
+
+
+class _GrowWhenHashingStarts(Callback):  # type: ignore[misc]
+    """Appends to a file after the listing, just before the first byte is read."""
+
+    def __init__(self, grow: Any) -> None:
+        super().__init__()
+        self.grow = grow
+
+    def set_size(self, size: int) -> None:
+        self.grow()
+        super().set_size(size)
+
+
+def test_seal_refuses_a_file_that_grew_while_it_was_read(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"first")
+    grown = _GrowWhenHashingStarts(lambda: (tmp_path / "a.bin").write_bytes(b"first and more"))
+    with pytest.raises(OSError, match=r"a\.bin"):
+        ifs.seal(tmp_path, callback=grown)
+    assert not (tmp_path / MANIFEST_FILENAME).exists()
+
+
+# --- what interrupted writes leave behind is not content ---------------------------------------------
+
+
+def test_a_temporary_manifest_left_by_a_killed_seal_is_not_content(tmp_path: Path, caplog) -> None:
+    """A seal killed between writing its temporary manifest and renaming it (OOM, preemption)
+    leaves `._integrity_manifest.json.<random>.tmp` beside the files. The next seal must not
+    list it as content: deleting it later would fail the checkpoint, and `--strict` would call it
+    an extra file."""
+    (tmp_path / "w.bin").write_bytes(b"weights")
+    leftovers = [tmp_path / "._integrity_manifest.json.k3_x9q0z.tmp", tmp_path / ".model.sig.a1b2c3d4.tmp"]
+    for leftover in leftovers:
+        leftover.write_bytes(b'{"half": ')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "._integrity_manifest.json.k3_x9q0z.tmp").write_bytes(b"user data, not at the root")
+    manifest = ifs.seal(tmp_path)
+    assert sorted(manifest.files) == ["sub/._integrity_manifest.json.k3_x9q0z.tmp", "w.bin"]
+    assert "interrupted" in caplog.text
+    report = ifs.verify(tmp_path)  # there, and not content: extra, and named
+    assert report.ok and report.extra == ("._integrity_manifest.json.k3_x9q0z.tmp", ".model.sig.a1b2c3d4.tmp")
+    for leftover in leftovers:
+        leftover.unlink()
+    assert ifs.verify(tmp_path, strict=True).ok
+
+
+def test_a_file_named_like_a_leftover_never_passes_strict(tmp_path: Path) -> None:
+    """Only what our interrupted writes leave (empty, or the start of the JSON we write) is left
+    out of a seal; any other file of that name is content. And whatever such a file holds, it is
+    never passed over by `strict=True` or a signature: it is there, and not in the manifest."""
+    (tmp_path / "w.bin").write_bytes(b"weights")
+    payload = tmp_path / "._integrity_manifest.json.abcd1234.tmp"
+    payload.write_bytes(b"\x80\x04import os; os.system('...')")  # not what we write: content
+    leftover = tmp_path / ".model.sig.a1b2c3d4.tmp"
+    leftover.write_bytes(b'{"mediaType":"appl')  # what a killed sign leaves
+    manifest = ifs.seal(tmp_path)
+    assert sorted(manifest.files) == [payload.name, "w.bin"]
+    payload.write_bytes(b"changed")
+    with pytest.raises(ifs.IntegrityError, match="abcd1234"):
+        ifs.verify(tmp_path)
+    payload.unlink()
+    (tmp_path / ifs.MANIFEST_FILENAME).unlink()
+    ifs.seal(tmp_path)
+    payload.write_bytes(b'{"evil": "anything at all, under a name we would skip"}')
+    with pytest.raises(ifs.IntegrityError) as err:
+        ifs.verify(tmp_path, strict=True)
+    assert sorted((p.path, p.kind) for p in err.value.report.problems) == [
+        (payload.name, "extra"),
+        (leftover.name, "extra"),
+    ]
