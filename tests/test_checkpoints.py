@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from botocore.exceptions import ClientError
 from conftest import Backend, _make_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
+import integrity_fs
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, checkpoints, distributed
 
@@ -268,6 +271,42 @@ def test_s3_access_denied_on_the_newest_is_raised(s3_backend: Backend) -> None:
     assert ifs.latest_verified(s3_backend.url, fs=fs)[0] == _url(s3_backend, "step_2")  # type: ignore[index]
 
 
+def _sealed_checkpoint(root: Path, name: str) -> None:
+    (root / name).mkdir()
+    (root / name / "model.bin").write_bytes(os.urandom(100))
+    ifs.seal(root / name)
+
+
+class _DeleteOnSkip(logging.Handler):
+    """Deletes ``victim`` when latest_verified logs that it skips a newer checkpoint: the run's
+    rotation removing an old checkpoint while a resume looks for the newest good one."""
+
+    def __init__(self, victim: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.victim = victim
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("skipping") and self.victim.exists():
+            for file in self.victim.iterdir():
+                file.unlink()
+            self.victim.rmdir()
+
+
+def test_latest_verified_skips_a_candidate_that_vanishes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("step_1", "step_2", "step_3"):
+        _sealed_checkpoint(tmp_path, name)
+    (tmp_path / "step_3" / "model.bin").write_bytes(b"damaged")
+    handler = _DeleteOnSkip(tmp_path / "step_2")
+    logger = logging.getLogger("integrity_fs")
+    logger.addHandler(handler)
+    try:
+        found = ifs.latest_verified(tmp_path)
+    finally:
+        logger.removeHandler(handler)
+    assert found is not None and found[0] == str(tmp_path / "step_1")
+    assert any("step_2" in r.getMessage() and "vanished" in r.getMessage() for r in caplog.records)
+
+
 # --- status -------------------------------------------------------------------------------------
 
 
@@ -380,6 +419,30 @@ def test_status_raises_storage_errors() -> None:
     with pytest.raises(PermissionError):
         checkpoints.status(root, fs=fs)
     fs.rm(root, recursive=True)
+
+
+class _PhantomMemory(MemoryFileSystem):  # type: ignore[misc]
+    """A listing that still shows ``run/step_9``, deleted since (an eventually consistent store,
+    or a rotation between the listing and the reads)."""
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        out = super().ls(path, detail=detail, **kwargs)
+        if path.rstrip("/").endswith("/run") and detail:
+            out = [*out, {"name": path.rstrip("/") + "/step_9", "type": "directory", "size": 0}]
+        return out
+
+
+def test_status_leaves_out_a_candidate_that_vanishes() -> None:
+    fs = _PhantomMemory()
+    root = f"/review-{os.getpid()}/run"
+    fs.pipe(f"{root}/step_1/model.bin", b"weights")
+    ifs.seal(f"{root}/step_1", fs=fs)
+    try:
+        rows = checkpoints.status(root, fs=fs)
+        assert [(r.name, r.verdict) for r in rows] == [("step_1", "ok")]
+        assert ifs.latest_verified(root, fs=fs) is not None
+    finally:
+        fs.rm(f"/review-{os.getpid()}", recursive=True)
 
 
 # --- dcp.load_latest ----------------------------------------------------------------------------
@@ -578,6 +641,30 @@ def test_readme_resume_example_runs(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert ns["resume"](model, optimizer) == 1000
     assert torch.equal(model.weight, weights) and optimizer.state_dict()["state"][0]["step"] == 1
     assert any("step_2000 (damaged)" in m for m in _warnings(caplog))
+
+
+def test_the_readme_loop_resaves_a_skipped_checkpoint_without_dcps_overwrite_warning(tmp_path: Path) -> None:
+    """Resuming past a damaged step_4 and saving step_4 again prints no DCP "Detected an existing
+    checkpoint ... overwriting" warning (on any rank): the README's save starts fresh."""
+    pytest.importorskip("torch")
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    loop = readme.split("<!-- readme-test: ranks=1,2 -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "train.py").write_text(loop)
+
+    def train() -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    train()
+    shard = next((tmp_path / "checkpoints" / "run" / "step_4").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    again = train()
+    assert "skipping" in again.stderr and "(damaged)" in again.stderr
+    assert "overwriting" not in again.stderr, again.stderr
+    assert integrity_fs.verify(tmp_path / "checkpoints" / "run" / "step_4").ok
 
 
 def test_latest_verified_with_a_public_key_skips_a_resealed_tampering(

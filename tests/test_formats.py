@@ -19,7 +19,14 @@ import pytest
 from conftest import Backend
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, ManifestError, ManifestNotFoundError, formats
+from integrity_fs import (
+    MANIFEST_FILENAME,
+    IntegrityError,
+    Manifest,
+    ManifestError,
+    ManifestNotFoundError,
+    formats,
+)
 
 SHARD = 1024
 NAMES = ["a.bin", "sp ace.bin", "ü-non-ascii.bin", "sub/b.bin", "empty.bin"]
@@ -170,6 +177,33 @@ def test_model_signing_shard_offsets_of_a_huge_file_are_refused_at_once(tmp_path
         formats.load(json.dumps(bundle).encode())
 
 
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _bundle(resources: list[dict[str, Any]], *, method: str = "shards", shard_size: float = 4.0) -> bytes:
+    """An unsigned model_signing bundle over ``resources`` (formats.load checks no signature)."""
+    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in resources)).hexdigest()
+    serialization: dict[str, Any] = {"method": method, "hash_type": "sha256"}
+    if method == "shards":
+        serialization["shard_size"] = shard_size
+    statement = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "m", "digest": {"sha256": root}}],
+        "predicateType": "https://model_signing/signature/v1.0",
+        "predicate": {"serialization": serialization, "resources": resources},
+    }
+    payload = base64.b64encode(json.dumps(statement).encode()).decode()
+    return json.dumps({"dsseEnvelope": {"payloadType": "application/vnd.in-toto+json", "payload": payload}}).encode()
+
+
+def test_shard_offsets_are_ascii_digits_only() -> None:
+    # Arabic-Indic digits: not a name model_signing writes; int() would take it.
+    data = _bundle([{"name": "a:\u0660:\u0664", "algorithm": "sha256-sharded-4", "digest": _sha(b"abcd")}])
+    with pytest.raises(ManifestError, match="shard name"):
+        formats.load(data)
+
+
 # --- sha256sum ---------------------------------------------------------------------------------
 
 
@@ -231,6 +265,15 @@ def test_sha256sum_names_are_checked_as_manifest_names(tmp_path: Path) -> None:
     assert formats.load(f"{digest}  x\r\n{digest} y\r\n{digest}  z".encode()).files == dict.fromkeys("xyz", digest)
 
 
+def test_sha256sum_file_with_leading_blank_lines_is_read(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "SUMS").write_text(f"\n\n{_sha(b'x')}  a\n")
+    assert ifs.verify(tmp_path, manifest="SUMS").files_checked == 1
+    (tmp_path / "a").write_bytes(b"y")
+    with pytest.raises(IntegrityError, match="a: mismatch"):
+        ifs.verify(tmp_path, manifest="SUMS")
+
+
 # --- Megatron-LM -------------------------------------------------------------------------------
 
 
@@ -278,6 +321,26 @@ def test_a_foreign_manifest_may_list_ours(tmp_path: Path) -> None:
     assert MANIFEST_FILENAME not in formats.load(raw).files
     assert ifs.verify(root, manifest="integrity.json", strict=True).ok
     assert ifs.verify(root).extra == ("integrity.json",)  # and our manifest does not list integrity.json
+
+
+@pytest.mark.parametrize("tool", ["sha256sum", "megatron"])
+def test_a_foreign_manifest_made_over_a_signed_checkpoint_verifies(tmp_path: Path, tool: str) -> None:
+    """`sha256sum *` (or Megatron's writer) run over a sealed and signed checkpoint lists the
+    manifest and model.sig too; model.sig is never content, so listing it is no "missing" file."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    (tmp_path / "a.bin").write_bytes(os.urandom(1000))
+    ifs.seal(tmp_path, private_key=ec.generate_private_key(ec.SECP256R1()))
+    digests = {p.name: _sha(p.read_bytes()) for p in sorted(tmp_path.iterdir())}
+    assert set(digests) == {"a.bin", ifs.MANIFEST_FILENAME, ifs.SIGNATURE_FILENAME}
+    if tool == "sha256sum":
+        (tmp_path / "SUMS").write_text("".join(f"{d}  {n}\n" for n, d in digests.items()))
+    else:
+        (tmp_path / "SUMS").write_text(json.dumps({"algorithm": "sha256", "files": digests}))
+    assert ifs.verify(tmp_path, manifest="SUMS").files_checked == 1
+    (tmp_path / "a.bin").write_bytes(os.urandom(1000))
+    with pytest.raises(IntegrityError, match="a.bin: mismatch"):
+        ifs.verify(tmp_path, manifest="SUMS")
 
 
 # --- detection, dump, errors -------------------------------------------------------------------
@@ -358,6 +421,39 @@ def test_verify_with_a_manifest_file_on_s3(tmp_path: Path, s3_backend: Backend) 
     assert ifs.verify(s3_backend.url, manifest=elsewhere, storage_options=opts).extra == ("SHA256SUMS",)
     s3_backend.corrupt("sub/b.bin", 5)
     _must_fail(s3_backend.url, "sub/b.bin", manifest="SHA256SUMS", storage_options=opts)
+
+
+HUGE = "9" * 5000  # more digits than Python converts to int by default (4300)
+
+
+@pytest.mark.parametrize("format", ["auto", "megatron", "integrity_fs"])
+def test_json_manifest_with_a_huge_integer_is_a_manifest_error(format: str) -> None:
+    data = f'{{"files": {{"a": "{_sha(b"")}"}}, "n": {HUGE}}}'.encode()
+    with pytest.raises(ManifestError):
+        formats.load(data, format)
+
+
+def test_bundle_whose_payload_holds_a_huge_integer_is_a_manifest_error() -> None:
+    data = _bundle([{"name": "a:0:4", "algorithm": "sha256-sharded-4", "digest": _sha(b"abcd")}])
+    bundle = json.loads(data)
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    text = json.dumps(statement).replace('"shard_size": 4.0', f'"shard_size": {HUGE}')
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(text.encode()).decode()
+    with pytest.raises(ManifestError):
+        formats.load(json.dumps(bundle).encode())
+
+
+def test_shard_offsets_with_huge_integers_are_a_manifest_error() -> None:
+    data = _bundle([{"name": f"a:{HUGE}:{HUGE}1", "algorithm": "sha256-sharded-4", "digest": _sha(b"x")}])
+    with pytest.raises(ManifestError, match="shard"):
+        formats.load(data)
+
+
+def test_verify_with_a_manifest_file_holding_a_huge_integer_is_a_manifest_error(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "integrity.json").write_text(f'{{"files": {{"a": "{_sha(b"x")}"}}, "n": {HUGE}}}')
+    with pytest.raises(ManifestError, match="integrity.json"):
+        ifs.verify(tmp_path, manifest="integrity.json")
 
 
 # --- distributed and DCP take the manifest too -------------------------------------------------

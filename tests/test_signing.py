@@ -27,7 +27,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME, IntegrityError, ManifestNotFoundError, SignatureError
+from integrity_fs import (
+    MANIFEST_FILENAME,
+    SIGNATURE_FILENAME,
+    IntegrityError,
+    ManifestNotFoundError,
+    SignatureError,
+    formats,
+)
 from integrity_fs import signing as ifs_signing
 
 CHUNK = 64 * 1024
@@ -243,6 +250,35 @@ def test_integrity_fs_seals_and_signs_on_s3(ckpt: Path, key: Keys, s3_backend: A
     local = tmp_path / "downloaded"
     s3_backend.fs.get(f"{s3_backend.root}/", str(local), recursive=True)
     _ms_verify(local, key.public)
+
+
+def test_a_model_signing_signature_that_lists_our_manifest_verifies(tmp_path: Path) -> None:
+    """`model_signing sign` over a sealed checkpoint without --ignore-paths lists the manifest
+    too: that entry is left out (as formats.load always did), the rest is checked."""
+    model_signing = pytest.importorskip("model_signing")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    pem = tmp_path / "key.pem"
+    pem.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    root = tmp_path / "step_1"
+    root.mkdir()
+    (root / "model.bin").write_bytes(os.urandom(1000))
+    ifs.seal(root)
+    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[ifs.SIGNATURE_FILENAME])
+    config = model_signing.signing.Config().use_elliptic_key_signer(private_key=pem)
+    config.set_hashing_config(hashing).sign(root, root / ifs.SIGNATURE_FILENAME)
+
+    assert ifs.verify(root, public_key=private.public_key()).files_checked == 1
+    assert set(formats.load((root / ifs.SIGNATURE_FILENAME).read_bytes()).files) == {"model.bin"}
+    (root / "model.bin").write_bytes(os.urandom(1000))
+    with pytest.raises(IntegrityError, match="model.bin"):
+        ifs.verify(root, public_key=private.public_key())
 
 
 # --- the attack, and every other way a signature fails ----------------------------------------------
@@ -646,6 +682,21 @@ def test_files_the_signature_does_not_cover_are_refused_without_strict(ckpt: Pat
         }
     with pytest.raises(ValueError, match="modeling_evil.py"):  # and the peer agrees
         _ms_verify(ckpt, key.public, shard_size)
+
+
+def test_a_chunk_manifest_with_a_colon_name_fails_the_signature_check_as_signature_error(tmp_path: Path) -> None:
+    """model_signing's shard names cannot hold ':' (it splits on them): such a file is never
+    signed, so a signature check over it is a SignatureError, not a ValueError (CLI usage error)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "model.bin").write_bytes(os.urandom(1000))
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=256, private_key=private)
+    (tmp_path / "ab:c.bin").write_bytes(b"added after signing")
+    (tmp_path / ifs.MANIFEST_FILENAME).unlink()
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=256)  # resealed without the key
+    with pytest.raises(ifs.SignatureError, match="ab:c.bin"):
+        ifs.verify(tmp_path, public_key=private.public_key())
 
 
 # --- what model_signing accepts, and what we declare ----------------------------------------------

@@ -1,4 +1,4 @@
-"""BLAKE3 through the same dispatch as SHA-256 (issue 15 part 3), on every backend."""
+"""Hash algorithms: BLAKE3 through the same dispatch as SHA-256, on every backend; SHA-256 the default."""
 
 from __future__ import annotations
 

@@ -1,0 +1,241 @@
+"""The status and latest commands over a run's checkpoints, on local paths and S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_run import (
+    FILES,
+    LARGE,
+    cli,
+    error_lines,
+    flip,
+    manifest_of,
+    rewrite_while_read,
+    run_on_terminal,
+    stderr_pair,
+    write_large,
+)
+from conftest import Backend
+
+from integrity_fs import MANIFEST_FILENAME
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """A local, unsealed checkpoint directory."""
+    root = tmp_path / "step_1000"
+    for name, data in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def sealed(ckpt: Path) -> Path:
+    proc = cli("seal", str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    return ckpt
+
+
+@pytest.fixture
+def s3(s3_backend: Backend, s3_endpoint: str) -> tuple[Backend, list[str]]:
+    """An unsealed checkpoint in the moto bucket, and the -o options that reach it."""
+    for name, data in FILES.items():
+        s3_backend.write(name, data)
+    return s3_backend, ["-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    """step_4 unsealed, step_3 damaged (same size), step_2 truncated, step_1 good, step_0 invalid."""
+    root = tmp_path / "run"
+    for step in range(5):
+        for name, data in FILES.items():
+            (root / f"step_{step}" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / f"step_{step}" / name).write_bytes(data)
+        if step != 4:
+            assert cli("seal", str(root / f"step_{step}")).returncode == 0
+    flip(root / "step_3" / "model.bin", 99)
+    (root / "step_2" / "optim.bin").write_bytes(b"short")
+    (root / "step_0" / MANIFEST_FILENAME).write_text("{not json")
+    return root
+
+
+def test_status_lists_every_checkpoint_with_its_verdict(run: Path) -> None:
+    proc = cli("status", str(run))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    assert [line[:2] for line in lines] == [
+        ["step_4", "unsealed"],
+        ["step_3", "sealed"],
+        ["step_2", "sealed"],
+        ["step_1", "sealed"],
+        ["step_0", "sealed"],
+    ]
+    verdicts = {line[0]: " ".join(line[6:]) for line in lines}
+    assert verdicts["step_3"] == "sizes ok"  # quick: a flipped bit keeps the size, and it says what it checked
+    assert verdicts["step_2"] == "damaged: optim.bin (size)"
+    assert verdicts["step_4"] == "unsealed" and verdicts["step_1"] == "sizes ok"
+    assert verdicts["step_0"].startswith("invalid: ") and "not valid JSON" in verdicts["step_0"]
+    assert lines[1][2:6] == ["3", "files", "390.6", "KiB"]
+
+    full = cli("status", str(run), "--full", "--json")
+    assert full.returncode == 0, full.stderr
+    found = json.loads(full.stdout)
+    assert [c["name"] for c in found] == ["step_4", "step_3", "step_2", "step_1", "step_0"]
+    assert set(found[0]) == {"name", "url", "sealed", "files", "bytes", "verdict", "problems", "checked"}
+    assert [c["verdict"] for c in found] == ["unsealed", "damaged", "damaged", "ok", "invalid"]
+    assert found[1]["problems"][0]["path"] == "model.bin" and found[1]["url"] == str(run / "step_3")
+    assert found[3] == {
+        "name": "step_1",
+        "url": str(run / "step_1"),
+        "sealed": True,
+        "files": 3,
+        "bytes": sum(map(len, FILES.values())),
+        "verdict": "ok",
+        "problems": [],
+        "checked": "content",
+    }
+    quick = json.loads(cli("status", str(run), "--json").stdout)
+    assert {c["checked"] for c in quick} == {"sizes"} and quick[1]["verdict"] == "ok"
+    assert [line.split()[-1] for line in cli("status", str(run), "--full").stdout.splitlines()][3] == "ok"
+
+
+def test_status_lists_a_checkpoint_of_an_unsupported_algorithm_as_invalid(run: Path) -> None:
+    manifest = manifest_of(run / "step_1")
+    (run / "step_1" / MANIFEST_FILENAME).write_text(json.dumps({**manifest, "algorithm": "md5"}))
+    proc = cli("status", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr  # exit 0 whatever the verdicts
+    found = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert len(found) == 5 and found["step_1"]["verdict"] == "invalid" and found["step_1"]["sealed"]
+    human = cli("status", str(run))
+    rows = {line.split()[0]: " ".join(line.split()[6:]) for line in human.stdout.splitlines()}
+    assert human.returncode == 0 and rows["step_1"].startswith("invalid: unsupported hash algorithm 'md5'")
+
+
+def test_status_of_a_missing_root_is_a_storage_error(tmp_path: Path) -> None:
+    proc = cli("status", str(tmp_path / "typo"), "--json")
+    assert proc.returncode == 4
+    assert json.loads(proc.stdout)["url"] == str(tmp_path / "typo")
+    assert str(tmp_path / "typo") in stderr_pair(proc)[0] and "check the path" in stderr_pair(proc)[1]
+    assert "run's directory" in stderr_pair(proc)[1]  # ROOT holds checkpoints; it is not one
+    (tmp_path / "file").write_bytes(b"x")
+    for command in ("status", "latest"):
+        on_a_file = cli(command, str(tmp_path / "file"))
+        assert on_a_file.returncode == 4 and "run's directory" in stderr_pair(on_a_file)[1]
+    (tmp_path / "empty").mkdir()
+    empty = cli("status", str(tmp_path / "empty"), "--json")
+    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+
+
+def test_status_on_s3_and_an_unreachable_store(s3: tuple[Backend, list[str]]) -> None:
+    backend, options = s3
+    for step in (1, 2):
+        assert cli("upload", str(Path(__file__).parent), f"{backend.url}/run/step_{step}", *options).returncode == 0
+    proc = cli("status", f"{backend.url}/run", "--full", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["step_2", "step_1"]
+    unreachable = ["-o", "client_kwargs.endpoint_url=http://127.0.0.1:1", "-o", "config_kwargs.retries.max_attempts=1"]
+    down = cli("status", "s3://bucket/run", *unreachable)
+    assert down.returncode == 4 and down.stdout == "" and stderr_pair(down)
+
+
+def test_progress_bar_for_status_full(run: Path) -> None:
+    pytest.importorskip("tqdm")
+    code, terminal = run_on_terminal("status", str(run), "--full")
+    assert code == 0 and "\r" in terminal and "status" in terminal
+
+
+# --- latest ------------------------------------------------------------------------------------------
+
+
+def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
+    proc = cli("latest", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{run / 'step_1'}\n"
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: WARNING: skipping")]
+    assert [w.split()[3] for w in warnings] == [str(run / f"step_{n}") for n in (4, 3, 2)]
+    assert "(unsealed)" in warnings[0] and "(damaged)" in warnings[1] and "model.bin" in warnings[1]
+    assert not error_lines(proc)
+    quick = cli("latest", str(run), "--quick")
+    assert quick.returncode == 0 and quick.stdout == f"{run / 'step_3'}\n"  # names and sizes only
+
+    flip(run / "step_1" / "sub" / "meta.json", 0)
+    none = cli("latest", str(run))
+    assert none.returncode == 1 and none.stdout == ""
+    last = none.stderr.splitlines()[-2:]  # after the WARNING lines, the usual two
+    assert last[0] == f"integrity-fs: error: no checkpoint under {run} verifies"
+    assert last[1].startswith("integrity-fs: hint: ") and "WARNING" in last[1]
+    assert "(invalid manifest)" in none.stderr
+
+
+def test_latest_of_a_root_that_is_not_there_is_a_path_problem(run: Path) -> None:
+    """A mistyped ROOT is exit 4 with a path hint, told apart from "none verifies" (exit 1)."""
+    typo = cli("latest", str(run) + "x")
+    assert typo.returncode == 4 and typo.stdout == ""
+    what, hint = stderr_pair(typo)
+    assert str(run) + "x" in what and "check the path" in hint and "create ROOT first" in hint
+    assert "WARNING" not in typo.stderr
+    for step in range(5):
+        shutil.rmtree(run / f"step_{step}")
+    empty = cli("latest", str(run))
+    assert empty.returncode == 1 and "holds no checkpoint directory" in stderr_pair(empty)[0]
+
+
+def test_latest_shows_a_progress_bar_while_it_hashes(run: Path) -> None:
+    pytest.importorskip("tqdm")
+    code, terminal = run_on_terminal("latest", str(run))
+    assert code == 0 and "\r" in terminal and "latest" in terminal
+    code, terminal = run_on_terminal("latest", str(run), "--no-progress")
+    assert code == 0 and not re.search("\r(?!\n)", terminal)  # the WARNING lines end in a terminal's \r\n
+
+
+# --- status and latest -------------------------------------------------------------------------------
+
+
+def test_status_and_latest_given_a_checkpoint_instead_of_its_run_say_so(sealed: Path) -> None:
+    """ROOT is the run's directory; a checkpoint given by mistake (its sub/ is no checkpoint) gets a hint."""
+    none = cli("latest", str(sealed))
+    assert none.returncode == 1 and none.stdout == ""
+    what, hint = none.stderr.splitlines()[-2:]  # after the WARNING line of sub/ (unsealed)
+    assert what == f"integrity-fs: error: no checkpoint under {sealed} verifies"
+    assert f"{sealed} is itself a sealed checkpoint" in hint and f"integrity-fs verify {sealed}" in hint
+    status = cli("status", str(sealed), "--json")
+    assert status.returncode == 0 and [c["name"] for c in json.loads(status.stdout)] == ["sub"]
+    assert f"{sealed} is itself a sealed checkpoint" in status.stderr
+
+    empty = sealed.parent / "empty"
+    empty.mkdir()
+    nothing = cli("latest", str(empty))
+    assert nothing.returncode == 1 and nothing.stdout == "" and "WARNING" not in nothing.stderr  # none skipped
+    what, hint = stderr_pair(nothing)
+    assert what == f"integrity-fs: error: no checkpoint under {empty} verifies: it holds no checkpoint directory"
+    assert "WARNING" not in hint and "one directory per checkpoint" in hint
+
+
+def test_status_and_latest_show_a_checkpoint_changing_while_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status --full shows the verdict "changing"; latest skips it, saying so, and goes on."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        assert cli("seal", str(write_large(run / f"step_{step}"))).returncode == 0
+    rewrite_while_read(monkeypatch, [run / "step_2" / name for name in LARGE])
+    status = cli("status", str(run), "--full", "--workers", "1")
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: " ".join(line.split()[6:]) for line in status.stdout.splitlines()}
+    assert rows["step_2"].startswith("changing: ") and "run again once writers are done" in rows["step_2"]
+    assert rows["step_1"] == "ok"
+
+    rewrite_while_read(monkeypatch, [run / "step_2" / name for name in LARGE])
+    latest = cli("latest", str(run), "--workers", "1")
+    assert latest.returncode == 0 and latest.stdout == f"{run / 'step_1'}\n"
+    assert f"skipping {run / 'step_2'} (changed while it was read)" in latest.stderr
