@@ -1,5 +1,6 @@
 """The command line under torchrun (WORLD_SIZE > 1): seal, verify and latest as collectives over a
-real gloo group of two ranks, on local disk and S3 (moto). Each launch costs a few seconds: few."""
+real gloo group of two ranks, on local disk and S3 (moto). A launch costs seconds: two in all, the
+second running every command after ``seal`` in one process group (tests/launch_cli.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ import os
 import random
 import shutil
 import subprocess
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
-from conftest import Backend
+from conftest import BUCKET
+
+import integrity_fs
 
 pytest.importorskip("torch")
 TESTS = Path(__file__).resolve().parent
@@ -22,23 +28,18 @@ pytestmark = pytest.mark.skipif(not TORCHRUN, reason="torchrun is installed with
 CHUNK = 1 << 20
 
 
-def launch(
-    record: Path, *args: str, bad_arg_rank: int | None = None
-) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    """``torchrun --nproc-per-node 2 -m integrity_fs ARGS`` (through tests/launch_cli.py); returns
-    torchrun's output and what each rank recorded."""
+def _launch(record: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     shutil.rmtree(record, ignore_errors=True)
     record.mkdir(parents=True)
     env = {
         **os.environ,
+        **env,
         "RECORD_DIR": str(record),
         "GLOO_SOCKET_IFNAME": "lo",
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
-    if bad_arg_rank is not None:
-        env["BAD_ARG_RANK"] = str(bad_arg_rank)
-    proc = subprocess.run(
+    return subprocess.run(
         [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(TESTS / "launch_cli.py"), *args],
         capture_output=True,
         text=True,
@@ -46,8 +47,42 @@ def launch(
         env=env,
         stdin=subprocess.DEVNULL,
     )
+
+
+def launch(record: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """``torchrun --nproc-per-node 2 -m integrity_fs ARGS`` (through tests/launch_cli.py): the command
+    joins the process group itself; returns torchrun's output and what each rank recorded."""
+    proc = _launch(record, list(args), {})
     ranks = [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
     return proc, ranks
+
+
+@dataclass
+class Outcome:
+    """One command of a launch: what both ranks printed, and what each rank recorded."""
+
+    stdout: str
+    stderr: str
+    ranks: list[dict[str, Any]]
+
+
+def launch_commands(record: Path, commands: dict[str, dict[str, Any]]) -> dict[str, Outcome]:
+    """One torchrun launch of 2 ranks that runs each command in turn in a process group joined
+    once (a launch costs seconds: the commands share one); name -> its outcome."""
+    record.mkdir(parents=True, exist_ok=True)
+    todo = record.parent / f"{record.name}.json"
+    todo.write_text(json.dumps(commands))
+    proc = _launch(record, [], {"COMMANDS": str(todo)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by_rank = [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return {
+        name: Outcome(
+            "".join(r[name]["stdout"] for r in by_rank),
+            "".join(r[name]["stderr"] for r in by_rank),
+            [r[name] for r in by_rank],
+        )
+        for name in commands
+    }
 
 
 def assert_split(ranks: list[dict[str, Any]], sizes: dict[str, int]) -> None:
@@ -68,59 +103,90 @@ def files(n: int = 4) -> dict[str, bytes]:
     return {f"shard_{i}.bin": random.Random(i).randbytes(2 * CHUNK + 1000 * i) for i in range(n)}
 
 
-def test_seal_verify_and_latest_under_torchrun_split_the_bytes_and_print_once(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict[str, Any]:
+    """Two launches in all: ``seal`` alone (the command joins and leaves the group itself), then
+    every other command of the tests below in one launch."""
+    root = tmp_path_factory.mktemp("launch")
+    run = root / "run"
     data = files()
     for step in (1, 2):
         (run / f"step_{step}").mkdir(parents=True)
         for name, content in data.items():
             (run / f"step_{step}" / name).write_bytes(content)
-    sizes = {name: len(content) for name, content in data.items()}
+    seal = launch(root / "rec-seal", "seal", str(run / "step_2"), "--chunk-size", "1MiB")
+    damaged = root / "damaged"  # the run as sealed above, then step_2 damaged: latest skips it
+    shutil.copytree(run, damaged)
+    (damaged / "step_2" / "shard_1.bin").write_bytes(b"x" + data["shard_1.bin"][1:])
+    (root / "unsealed" / "ckpt").mkdir(parents=True)
+    (root / "unsealed" / "ckpt" / "w.bin").write_bytes(b"weights")
 
-    proc, ranks = launch(tmp_path / "rec", "seal", str(run / "step_2"), "--chunk-size", "1MiB")
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    s3_root = f"{BUCKET}/launch-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("s3", **options)
+    s3_data = files(3)
+    for name, content in s3_data.items():
+        fs.pipe_file(f"{s3_root}/step_1/{name}", content)
+    fs.invalidate_cache()
+    s3_url = f"s3://{s3_root}/step_1"
+    integrity_fs.seal(s3_url, storage_options=options, granularity="chunk", chunk_size=CHUNK)
+    o = ["-o", "key=testing", "-o", "secret=testing", "-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
+
+    commands = {
+        "verify": {"argv": ["verify", str(run / "step_2"), "--json"]},
+        "latest": {"argv": ["latest", str(damaged)]},
+        "verify-rank0": {"argv": ["verify", str(damaged / "step_2"), "--mode", "rank0"]},
+        "bad-argument": {"argv": ["verify", str(root / "unsealed" / "ckpt")], "bad_arg_rank": 1},
+        "s3-verify": {"argv": ["verify", s3_url, *o]},
+        "s3-latest": {"argv": ["latest", f"s3://{s3_root}", *o]},
+    }
+    outcomes = launch_commands(root / "rec", commands)
+    return {
+        "run": run,
+        "seal": seal,
+        "sizes": {name: len(content) for name, content in data.items()},
+        "s3_url": s3_url,
+        "s3_sizes": {name: len(content) for name, content in s3_data.items()},
+        **outcomes,
+    }
+
+
+def test_seal_verify_and_latest_under_torchrun_split_the_bytes_and_print_once(launched: dict[str, Any]) -> None:
+    run, sizes = launched["run"], launched["sizes"]
+    proc, ranks = launched["seal"]
     assert [r["code"] for r in ranks] == [0, 0], proc.stdout + proc.stderr
     assert proc.stdout.count(f"sealed {run / 'step_2'}") == 1, proc.stdout
     assert_split(ranks, sizes)
 
-    proc, ranks = launch(tmp_path / "rec", "verify", str(run / "step_2"), "--json")
-    assert [r["code"] for r in ranks] == [0, 0], proc.stdout + proc.stderr
-    report = json.loads(proc.stdout[proc.stdout.index("{") : proc.stdout.rindex("}") + 1])  # one object
+    verify: Outcome = launched["verify"]
+    assert [r["code"] for r in verify.ranks] == [0, 0], verify.stdout + verify.stderr
+    report = json.loads(verify.stdout[verify.stdout.index("{") : verify.stdout.rindex("}") + 1])  # one object
     assert report["ok"] and report["bytes_checked"] == sum(sizes.values())
-    assert_split(ranks, sizes)
+    assert_split(verify.ranks, sizes)
 
-    (run / "step_2" / "shard_1.bin").write_bytes(b"x" + data["shard_1.bin"][1:])  # damaged: latest skips it
-    proc, ranks = launch(tmp_path / "rec", "latest", str(run))
-    assert [r["code"] for r in ranks] == [1, 1], proc.stdout + proc.stderr  # step_1 was never sealed
-    assert proc.stderr.count("skipping") == 2, proc.stderr  # step_2 damaged, step_1 unsealed: once each
-    assert proc.stderr.count("integrity-fs: error: no checkpoint under") == 1
+    latest: Outcome = launched["latest"]  # step_2 damaged, step_1 never sealed
+    assert [r["code"] for r in latest.ranks] == [1, 1], latest.stdout + latest.stderr
+    assert latest.stderr.count("skipping") == 2, latest.stderr  # step_2 damaged, step_1 unsealed: once each
+    assert latest.stderr.count("integrity-fs: error: no checkpoint under") == 1
 
-    proc, ranks = launch(tmp_path / "rec", "verify", str(run / "step_2"), "--mode", "rank0")
-    assert [r["code"] for r in ranks] == [1, 1] and proc.stdout.count("FAILED") == 1, proc.stdout
-    assert ranks[0]["hashed"] and not ranks[1]["hashed"]  # rank 0 alone read
-
-
-def test_a_bad_argument_on_one_rank_fails_every_rank_with_exit_2(tmp_path: Path) -> None:
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "w.bin").write_bytes(b"weights")
-    proc, ranks = launch(tmp_path / "rec", "verify", str(tmp_path / "ckpt"), bad_arg_rank=1)
-    assert [r["code"] for r in ranks] == [2, 2], proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: error:")]
-    assert len(errors) == 1 and "(rank 1)" in errors[0] and "--workers" in errors[0], proc.stderr
-    assert not any(r["hashed"] for r in ranks)
+    rank0: Outcome = launched["verify-rank0"]
+    assert [r["code"] for r in rank0.ranks] == [1, 1] and rank0.stdout.count("FAILED") == 1, rank0.stdout
+    assert rank0.ranks[0]["hashed"] and not rank0.ranks[1]["hashed"]  # rank 0 alone read
 
 
-def test_verify_under_torchrun_on_s3(s3_backend: Backend, s3_endpoint: str, tmp_path: Path) -> None:
-    import integrity_fs
+def test_a_bad_argument_on_one_rank_fails_every_rank_with_exit_2(launched: dict[str, Any]) -> None:
+    bad: Outcome = launched["bad-argument"]
+    assert [r["code"] for r in bad.ranks] == [2, 2], bad.stdout + bad.stderr
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("integrity-fs: error:")]
+    assert len(errors) == 1 and "(rank 1)" in errors[0] and "--workers" in errors[0], bad.stderr
+    assert not any(r["hashed"] for r in bad.ranks)
 
-    data = files(3)
-    for name, content in data.items():
-        s3_backend.write(f"step_1/{name}", content)
-    url = f"{s3_backend.url}/step_1"
-    integrity_fs.seal(url, storage_options=s3_backend.storage_options, granularity="chunk", chunk_size=CHUNK)
-    options = ["-o", "key=testing", "-o", "secret=testing", "-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
-    proc, ranks = launch(tmp_path / "rec", "verify", url, *options)
-    assert [r["code"] for r in ranks] == [0, 0], proc.stdout + proc.stderr
-    assert proc.stdout.count(f"verified {url}") == 1
-    assert_split(ranks, {name: len(content) for name, content in data.items()})
-    proc, ranks = launch(tmp_path / "rec", "latest", s3_backend.url, *options)
-    assert [r["code"] for r in ranks] == [0, 0] and proc.stdout.splitlines() == [url], proc.stdout
+
+def test_verify_under_torchrun_on_s3(launched: dict[str, Any]) -> None:
+    url = launched["s3_url"]
+    verify: Outcome = launched["s3-verify"]
+    assert [r["code"] for r in verify.ranks] == [0, 0], verify.stdout + verify.stderr
+    assert verify.stdout.count(f"verified {url}") == 1
+    assert_split(verify.ranks, launched["s3_sizes"])
+    latest: Outcome = launched["s3-latest"]
+    assert [r["code"] for r in latest.ranks] == [0, 0] and latest.stdout.splitlines() == [url], latest.stdout
