@@ -37,6 +37,8 @@ from integrity_fs.verify import plan_verification
 MODES = ("sharded", "rank0")
 CHUNK = 256 * 1024
 BIG = 4 * 1024 * 1024 + 1000  # 17 chunks, the last one short
+WORLDS = (2, 3)
+Results = dict[str, list[dict[str, Any]]]
 
 
 def _files(root: Path, seed: int = 1) -> None:
@@ -65,7 +67,7 @@ def _local(fn: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Checkpoints for every scenario; each seal scenario gets its own unsealed copy."""
+    """Checkpoints for every scenario; each seal scenario of each world size gets its own unsealed copy."""
     root = tmp_path_factory.mktemp("ckpts")
     for name in ("good", "corrupt", "nomanifest", "badmanifest", "quick"):
         _files(root / name)
@@ -82,14 +84,15 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copytree(big, root / name)
         ifs.seal(root / name, granularity="chunk", chunk_size=CHUNK)
     _flip(root / "big-corrupt" / "big.bin", 5 * CHUNK + 3)
-    for mode in MODES:
-        for name in ("seal", "seal-fault", "seal-bogus"):
-            shutil.copytree(root / "nomanifest", root / f"{name}-{mode}")
-        shutil.copytree(big, root / f"big-seal-{mode}")
+    for world in WORLDS:
+        for mode in MODES:
+            for name in ("seal", "seal-fault", "seal-bogus"):
+                shutil.copytree(root / "nomanifest", root / f"{name}-{mode}-{world}")
+            shutil.copytree(big, root / f"big-seal-{mode}-{world}")
     return root
 
 
-def _scenarios(root: Path, mode: str) -> list[dict[str, Any]]:
+def _scenarios(root: Path, mode: str, world: int) -> list[dict[str, Any]]:
     def sc(name: str, op: str, ckpt: str, **extra: Any) -> dict[str, Any]:
         return {"id": f"{name}/{mode}", "op": op, "mode": mode, "url": str(root / ckpt), **extra}
 
@@ -107,22 +110,33 @@ def _scenarios(root: Path, mode: str) -> list[dict[str, Any]]:
         sc("verify-rank1-faulty", "verify", "good", faulty_rank=1, fault="permission"),
         sc("verify-chunks", "verify", "big-verify"),
         sc("verify-chunks-corrupt", "verify", "big-corrupt"),
-        sc("seal", "seal", f"seal-{mode}"),
-        sc("seal-permission", "seal", f"seal-fault-{mode}", faulty_rank=reader, fault="permission"),
-        sc("seal-bogus", "seal", f"seal-bogus-{mode}", kwargs={"granularity": "bogus"}),
-        sc("seal-chunks", "seal", f"big-seal-{mode}", kwargs={"granularity": "chunk", "chunk_size": CHUNK}),
+        sc("seal", "seal", f"seal-{mode}-{world}"),
+        sc("seal-permission", "seal", f"seal-fault-{mode}-{world}", faulty_rank=reader, fault="permission"),
+        sc("seal-bogus", "seal", f"seal-bogus-{mode}-{world}", kwargs={"granularity": "bogus"}),
+        sc("seal-chunks", "seal", f"big-seal-{mode}-{world}", kwargs={"granularity": "chunk", "chunk_size": CHUNK}),
         sc("verify-subgroup", "verify", "corrupt", group=[1, 2]),
     ]
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["2-ranks", "3-ranks"])
-def runs(request: pytest.FixtureRequest, tree: Path) -> tuple[int, dict[str, list[dict[str, Any]]]]:
-    world = request.param
-    for mode in MODES:  # each world size seals fresh copies
-        for name in ("seal", "seal-fault", "seal-bogus", "big-seal"):
-            (tree / f"{name}-{mode}" / MANIFEST_FILENAME).unlink(missing_ok=True)
-    scenarios = [s for mode in MODES for s in _scenarios(tree, mode) if world >= 3 or "group" not in s]
-    return world, run_ranks("dist_worker.py", world, {"scenarios": scenarios}, tree / f"run-{world}")
+@pytest.fixture(scope="module")
+def two_ranks(tree: Path) -> Results:
+    scenarios = [s for mode in MODES for s in _scenarios(tree, mode, 2) if "group" not in s]
+    return run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tree / "run-2")
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tree: Path, hostile_scenarios: tuple[Path, list[dict[str, Any]]]) -> Results:
+    """One launch of 3 ranks for the scenarios of both modes and then for the hostile ones below
+    (each launch of ranks costs seconds); a hang fails it (20 s collective timeout, 120 s in all)."""
+    scenarios = [s for mode in MODES for s in _scenarios(tree, mode, 3)] + hostile_scenarios[1]
+    spec = {"scenarios": scenarios, "pg_timeout_s": 20}
+    return run_ranks("dist_worker.py", 3, spec, tree / "run-3", timeout=120)
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=["2-ranks", "3-ranks"])
+def runs(request: pytest.FixtureRequest) -> tuple[int, Results]:
+    world: int = request.param
+    return world, request.getfixturevalue("two_ranks" if world == 2 else "three_ranks")
 
 
 def _same_on_every_rank(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -166,14 +180,14 @@ def test_verdict_types(runs: Any, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_failure_on_one_rank_is_raised_on_every_rank(runs: Any, tree: Path, mode: str) -> None:
-    _world, results = runs
+    world, results = runs
     reader = 1 if mode == "sharded" else 0
     for name in ("verify-permission", "seal-permission"):
         shared = _same_on_every_rank(results[f"{name}/{mode}"])
         assert shared["type"] == "PermissionError"
         assert "Permission denied (injected)" in shared["message"]
         assert results[f"{name}/{mode}"][0]["notes"] == [f"(raised on rank {reader})"]
-    assert not (tree / f"seal-fault-{mode}" / MANIFEST_FILENAME).exists()
+    assert not (tree / f"seal-fault-{mode}-{world}" / MANIFEST_FILENAME).exists()
     unexpected = _same_on_every_rank(results[f"verify-unexpected/{mode}"])
     assert unexpected == {"type": "RuntimeError", "message": "ZeroDivisionError: injected", "report": None}
     bad_option = _same_on_every_rank(results[f"verify-bad-option/{mode}"])
@@ -201,10 +215,10 @@ def test_sharded_mode_spreads_the_bytes_over_ranks(runs: Any) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_seal_writes_the_manifest_a_local_seal_writes(runs: Any, tree: Path, tmp_path: Path, mode: str) -> None:
-    _world, results = runs
+    world, results = runs
     for name, ckpt, kwargs in [
-        ("seal", f"seal-{mode}", {}),
-        ("seal-chunks", f"big-seal-{mode}", {"granularity": "chunk", "chunk_size": CHUNK}),
+        ("seal", f"seal-{mode}-{world}", {}),
+        ("seal-chunks", f"big-seal-{mode}-{world}", {"granularity": "chunk", "chunk_size": CHUNK}),
     ]:
         shared = _same_on_every_rank(results[f"{name}/{mode}"])
         written = (tree / ckpt / MANIFEST_FILENAME).read_bytes()
@@ -301,12 +315,11 @@ def test_missing_torch_gives_an_install_hint(use: str) -> None:
 # --- no hang, no false OK, whatever one rank does -------------------------------------------------
 
 HOSTILE_WORLD = 3
-Results = dict[str, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
-    """One launch of 3 ranks for every scenario below; a hang fails it (20 s collective timeout, 90 s in all).
+def hostile_scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The checkpoints and scenarios of every test below, run by the 3-rank launch (``three_ranks``).
 
     ``node0..2``: the same relative URL names a different directory on each rank (node-local
     paths). Ranks 1 and 2 hold exact copies (modification times included); rank 0's copy is
@@ -359,8 +372,12 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
         sc("views-rank0", "verify", "rank0", "ckpt", rank_cwd=cwd),  # rank 0's copy only
         sc("views-missing-on-1", "verify", "sharded", "ckpt", rank_cwd=[cwd[0], str(root), cwd[2]]),
     ]
-    spec = {"scenarios": scenarios, "pg_timeout_s": 20}
-    return root, run_ranks("dist_worker.py", HOSTILE_WORLD, spec, root, timeout=90)
+    return root, scenarios
+
+
+@pytest.fixture(scope="module")
+def hostile(hostile_scenarios: tuple[Path, list[dict[str, Any]]], three_ranks: Results) -> tuple[Path, Results]:
+    return hostile_scenarios[0], three_ranks
 
 
 def test_a_bad_or_different_mode_on_one_rank_raises_on_every_rank(hostile: tuple[Path, Results]) -> None:
