@@ -6,6 +6,7 @@ the outcomes of every rank are compared with each other and with the local funct
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -119,8 +120,15 @@ def _scenarios(root: Path, mode: str, world: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tree: Path) -> Results:
+def two_ranks(
+    tree: Path,
+    manifest_file_scenarios: tuple[Path, list[dict[str, Any]]],
+    signed_scenarios: tuple[Path, list[dict[str, Any]]],
+) -> Results:
+    """One launch of 2 ranks for the scenarios of both modes, then those of a manifest file and of
+    signatures (each launch of ranks costs seconds)."""
     scenarios = [s for mode in MODES for s in _scenarios(tree, mode, 2) if "group" not in s]
+    scenarios += manifest_file_scenarios[1] + signed_scenarios[1]
     return run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tree / "run-2")
 
 
@@ -237,6 +245,124 @@ def test_subgroup(runs: Any, tree: Path) -> None:
         outcomes = results[f"verify-subgroup/{mode}"]
         assert outcomes[0] == {"type": "not a member"}
         assert _same_on_every_rank(outcomes[1:]) == _local(lambda: ifs.verify(tree / "corrupt"))
+
+
+# --- a manifest file (Megatron's integrity.json) instead of ours ------------------------------------
+
+
+def _integrity_json(root: Path) -> None:
+    """What Megatron-LM's save_integrity_manifest writes: the SHA-256 of each top-level file."""
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir()) if p.is_file()}
+    (root / "integrity.json").write_text(json.dumps({"algorithm": "sha256", "files": files}, indent=2))
+
+
+@pytest.fixture(scope="module")
+def manifest_file_scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Flat checkpoints (as Megatron's are) with an integrity.json, intact and damaged."""
+    root = tmp_path_factory.mktemp("manifest-file")
+    for name in ("good", "corrupt"):
+        _files(root / name)
+        shutil.rmtree(root / name / "sub")
+        _integrity_json(root / name)
+    _flip(root / "corrupt" / "a.bin", 0)
+    kwargs = {"manifest": "integrity.json", "strict": True}
+    scenarios = [
+        {"id": f"manifest-file-{name}/{mode}", "op": "verify", "mode": mode, "url": str(root / name), "kwargs": kwargs}
+        for name in ("good", "corrupt")
+        for mode in MODES
+    ]
+    return root, scenarios
+
+
+def test_distributed_verify_with_a_manifest_file(
+    two_ranks: Results, manifest_file_scenarios: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    root, _ = manifest_file_scenarios
+    listed = [p for p in (root / "good").iterdir() if p.is_file() and p.name != "integrity.json"]
+    for mode in MODES:
+        good = two_ranks[f"manifest-file-good/{mode}"]
+        assert [o["type"] for o in good] == ["Report", "Report"], good
+        assert good[0]["report"] == good[1]["report"] and good[0]["report"]["files_checked"] == len(listed)
+        corrupt = two_ranks[f"manifest-file-corrupt/{mode}"]
+        assert [o["type"] for o in corrupt] == ["IntegrityError", "IntegrityError"], corrupt
+        assert [p["path"] for p in corrupt[0]["report"]["problems"]] == ["a.bin"]
+    assert sum(o["hashed"] for o in two_ranks["manifest-file-good/sharded"]) == sum(p.stat().st_size for p in listed)
+
+
+# --- signatures: every rank raises the same SignatureError -------------------------------------------
+
+SIGNING_CHUNK = 64 * 1024
+SIGNED_FILES = {
+    "a.bin": bytes(i * 7 % 251 for i in range(300_000)),  # 5 chunks, the last one short
+    "a/x.bin": b"sorts after a.bin as a string, before it as a path",
+    "sub/b.bin": bytes(i * 13 % 251 for i in range(5000)),
+    "sub/deep/c.bin": bytes(i % 199 for i in range(2 * SIGNING_CHUNK)),  # exactly 2 chunks
+    "empty.bin": b"",
+}
+
+
+@pytest.fixture(scope="module")
+def signed_scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """A key pair (key.pem, key.pub); an unsealed checkpoint per mode for a signed seal; one
+    tampered with and resealed without the key; one never signed."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    root = tmp_path_factory.mktemp("signed")
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = root / "key.pem", root / "key.pub"
+    encoding, pkcs8 = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+    private.write_bytes(key.private_bytes(encoding, pkcs8, serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(encoding, serialization.PublicFormat.SubjectPublicKeyInfo))
+    ckpt = root / "step_100"
+    for name, data in SIGNED_FILES.items():
+        (ckpt / name).parent.mkdir(parents=True, exist_ok=True)
+        (ckpt / name).write_bytes(data)
+    for mode in MODES:
+        shutil.copytree(ckpt, root / f"seal-{mode}")
+    tampered = root / "tampered"
+    shutil.copytree(ckpt, tampered)
+    chunks = {"granularity": "chunk", "chunk_size": SIGNING_CHUNK}
+    ifs.seal(tampered, **chunks, private_key=private)  # type: ignore[arg-type]
+    _flip(tampered / "a.bin", 1)
+    (tampered / MANIFEST_FILENAME).unlink()  # what someone with write access and no key does
+    ifs.seal(tampered, **chunks)  # type: ignore[arg-type]
+    scenarios = []
+    for mode in MODES:
+        scenarios += [
+            {"id": f"signed-seal/{mode}", "op": "seal", "mode": mode, "url": str(root / f"seal-{mode}"),
+             "kwargs": {**chunks, "private_key": str(private)}},
+            {"id": f"signed-verify/{mode}", "op": "verify", "mode": mode, "url": str(root / f"seal-{mode}"),
+             "kwargs": {"public_key": str(public)}},
+            {"id": f"tampered/{mode}", "op": "verify", "mode": mode, "url": str(tampered),
+             "kwargs": {"public_key": str(public)}},
+            {"id": f"unsigned/{mode}", "op": "verify", "mode": mode, "url": str(ckpt),
+             "kwargs": {"public_key": str(public)}},
+            {"id": f"replayed/{mode}", "op": "verify", "mode": mode, "url": str(root / f"seal-{mode}"),
+             "kwargs": {"public_key": str(public), "expected_name": "step_9000"}},
+        ]  # fmt: skip
+    return root, scenarios
+
+
+def test_every_rank_raises_the_same_signature_error(
+    two_ranks: Results, signed_scenarios: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    model_signing = pytest.importorskip("model_signing")
+    root, _ = signed_scenarios
+    for mode in MODES:
+        assert [r["type"] for r in two_ranks[f"signed-seal/{mode}"]] == ["Manifest", "Manifest"]
+        # model_signing's own verifier accepts what the ranks signed
+        hashing = model_signing.hashing.Config().use_shard_serialization(shard_size=SIGNING_CHUNK)
+        config = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=root / "key.pub")
+        config.set_hashing_config(hashing).verify(root / f"seal-{mode}", root / f"seal-{mode}" / ifs.SIGNATURE_FILENAME)
+        assert [r["type"] for r in two_ranks[f"signed-verify/{mode}"]] == ["Report", "Report"]
+        replayed = ("replayed", f"signed as 'seal-{mode}', not 'step_9000'")
+        for name, needle in (("tampered", "a.bin: signed digest differs"), ("unsigned", "not signed"), replayed):
+            outcomes = two_ranks[f"{name}/{mode}"]
+            assert [o["type"] for o in outcomes] == ["SignatureError", "SignatureError"], outcomes
+            assert outcomes[0]["message"] == outcomes[1]["message"] and needle in outcomes[0]["message"]
+            assert outcomes[0]["report"] == outcomes[1]["report"]
+        assert all(o["hashed"] == 0 for o in two_ranks[f"tampered/{mode}"])  # refused before any content is read
 
 
 # --- without a process group, and pure pieces ----------------------------------------------------

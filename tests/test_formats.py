@@ -456,35 +456,7 @@ def test_verify_with_a_manifest_file_holding_a_huge_integer_is_a_manifest_error(
         ifs.verify(tmp_path, manifest="integrity.json")
 
 
-# --- distributed and DCP take the manifest too -------------------------------------------------
-
-
-def test_distributed_verify_with_a_manifest_file(tmp_path: Path) -> None:
-    pytest.importorskip("torch.distributed")
-    from dist_launch import run_ranks
-
-    for name in ("good", "corrupt"):
-        root = _tree(tmp_path / name)
-        shutil.rmtree(root / "sub")
-        _megatron_save_integrity_manifest(str(root))
-    _flip(tmp_path / "corrupt" / "a.bin")
-    kwargs = {"manifest": "integrity.json", "strict": True}
-    scenarios = [
-        {"id": f"{name}/{mode}", "op": "verify", "mode": mode, "url": str(tmp_path / name), "kwargs": kwargs}
-        for name in ("good", "corrupt")
-        for mode in ("sharded", "rank0")
-    ]
-    results = run_ranks("dist_worker.py", 2, {"scenarios": scenarios}, tmp_path / "run")
-    for mode in ("sharded", "rank0"):
-        good = results[f"good/{mode}"]
-        assert [o["type"] for o in good] == ["Report", "Report"], good
-        assert good[0]["report"] == good[1]["report"] and good[0]["report"]["files_checked"] == len(NAMES) - 1
-        corrupt = results[f"corrupt/{mode}"]
-        assert [o["type"] for o in corrupt] == ["IntegrityError", "IntegrityError"], corrupt
-        assert [p["path"] for p in corrupt[0]["report"]["problems"]] == ["a.bin"]
-    assert sum(o["hashed"] for o in results["good/sharded"]) == sum(
-        (tmp_path / "good" / n).stat().st_size for n in NAMES if "/" not in n
-    )
+# --- DCP takes the manifest too (distributed verify with one: test_distributed.py) --------------
 
 
 def test_dcp_load_with_a_manifest_file(tmp_path: Path) -> None:
