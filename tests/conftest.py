@@ -288,3 +288,14 @@ def s3_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backe
 @pytest.fixture
 def gcs_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     yield from _make_backend("gcs", request, tmp_path)
+
+
+def backends(*names: str) -> Any:
+    """A fixture like ``backend`` over some of BACKENDS only, for a module whose tests need those:
+    ``store = backends("local", "s3")`` makes the fixture ``store``."""
+
+    @pytest.fixture(params=names, ids=names)
+    def fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+        yield from _make_backend(request.param, request, tmp_path)
+
+    return fixture

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import fsspec
 import pytest
 import s3fs
 from botocore.exceptions import ClientError
-from conftest import Backend, _make_backend
+from conftest import Backend, backends
 from fsspec.implementations.memory import MemoryFileSystem
 
 import integrity_fs
@@ -38,9 +37,7 @@ NEWEST_FIRST = [
 ]
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    yield from _make_backend(request.param, request, tmp_path)
+store = backends("local", "s3")
 
 
 def _url(store: Backend, name: str) -> str:

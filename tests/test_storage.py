@@ -20,7 +20,7 @@ from typing import Any
 import botocore.exceptions
 import fsspec
 import pytest
-from conftest import Backend
+from conftest import Backend, backends
 from fsspec.callbacks import Callback
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.dirfs import DirFileSystem
@@ -125,9 +125,11 @@ def test_listings_cached_earlier_in_the_process_are_not_trusted(s3_backend: Back
     assert err.value.report.problems[0].byte_ranges == ((2000, 3000),)
 
 
-@pytest.mark.parametrize("store", ["s3_backend", "gcs_backend"])
-def test_folder_markers_are_directories_not_files(store, request):
-    b: Backend = request.getfixturevalue(store)
+object_store = backends("s3", "gcs")
+
+
+def test_folder_markers_are_directories_not_files(object_store: Backend) -> None:
+    b = object_store
     b.write("a.bin", b"weights")
     b.write("sub/b.bin", b"more")
     b.folder_marker("sub")  # what the S3 console's "Create folder" makes

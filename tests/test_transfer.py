@@ -26,7 +26,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from conftest import Backend, sigint_as_in_a_terminal
+from conftest import BUCKET, Backend, backends, sigint_as_in_a_terminal
 from fsspec.callbacks import Callback
 
 import integrity_fs as ifs
@@ -60,10 +60,7 @@ def src(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture(params=["s3", "gcs"])
-def remote(request: pytest.FixtureRequest) -> Backend:
-    backend: Backend = request.getfixturevalue(f"{request.param}_backend")
-    return backend
+remote = backends("s3", "gcs")
 
 
 def uploaded(src: Path, remote: Backend, **kw: object) -> ifs.Manifest:
@@ -627,8 +624,6 @@ def test_copy_onto_its_own_prefix_through_other_options_is_refused(backend: Back
 def test_endpoints_name_stores_loopback_aliases_included(s3_backend: Backend, s3_endpoint: str) -> None:
     """``localhost`` and ``127.0.0.1`` are one server; another server (its own process: moto's
     servers in one process share their buckets) is another store, even for the same bucket and key."""
-    from conftest import BUCKET
-
     _sealed(s3_backend, {"w.bin": DATA})
     alias = {
         **s3_backend.storage_options,
