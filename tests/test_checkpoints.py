@@ -431,7 +431,7 @@ class _PhantomMemory(MemoryFileSystem):  # type: ignore[misc]
 
 def test_status_leaves_out_a_candidate_that_vanishes() -> None:
     fs = _PhantomMemory()
-    root = f"/review-{os.getpid()}/run"
+    root = f"/phantom-{os.getpid()}/run"
     fs.pipe(f"{root}/step_1/model.bin", b"weights")
     ifs.seal(f"{root}/step_1", fs=fs)
     try:
@@ -439,7 +439,7 @@ def test_status_leaves_out_a_candidate_that_vanishes() -> None:
         assert [(r.name, r.verdict) for r in rows] == [("step_1", "ok")]
         assert ifs.latest_verified(root, fs=fs) is not None
     finally:
-        fs.rm(f"/review-{os.getpid()}", recursive=True)
+        fs.rm(f"/phantom-{os.getpid()}", recursive=True)
 
 
 # --- dcp.load_latest ----------------------------------------------------------------------------
