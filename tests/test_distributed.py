@@ -172,7 +172,7 @@ def test_verify_matches_local_verify(runs: Any, tree: Path, mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_verdict_types(runs: Any, mode: str) -> None:
+def test_every_rank_raises_the_exception_of_each_verdict(runs: Any, mode: str) -> None:
     _world, results = runs
     corrupt = _same_on_every_rank(results[f"verify-corrupt/{mode}"])
     assert corrupt["type"] == "IntegrityError"
@@ -237,7 +237,7 @@ def test_seal_writes_the_manifest_a_local_seal_writes(runs: Any, tree: Path, tmp
         assert ifs.seal(copy, **kwargs).to_json() == written
 
 
-def test_subgroup(runs: Any, tree: Path) -> None:
+def test_verify_in_a_subgroup_runs_on_its_members_only(runs: Any, tree: Path) -> None:
     world, results = runs
     if world < 3:
         pytest.skip("needs a third rank outside the group")

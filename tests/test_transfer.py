@@ -159,7 +159,7 @@ def test_uploads_and_copies_to_s3_are_attestable(src: Path, s3_backend: Backend,
     assert again.files_attested == files and again.bytes_checked == 0
 
 
-def test_copy_local_to_local(src: Path, tmp_path: Path) -> None:
+def test_copy_local_to_local_leaves_out_files_the_manifest_does_not_list(src: Path, tmp_path: Path) -> None:
     ifs.seal(src)
     (src / "scratch.txt").write_bytes(b"x")
     report = ifs.copy(src, tmp_path / "copy")
