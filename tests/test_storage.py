@@ -30,6 +30,14 @@ from fsspec.implementations.memory import MemoryFileSystem
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError
 
+
+@pytest.fixture(autouse=True)
+def no_backoff_between_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries run as they do, without the waits between them: these tests count attempts and name
+    errors, never time them (0.2 s, then 0.4 s, per exhausted read otherwise)."""
+    monkeypatch.setattr("integrity_fs.storage.read._RETRY_DELAY_S", 0.0)
+
+
 # --- URLs: a string with no protocol is a local path -------------------------------------------------
 
 
