@@ -1,7 +1,9 @@
 """integrity_fs.distributed: every rank of a real gloo process group reaches the same verdict.
 
-Each world size runs all scenarios, in both modes, in one process group (tests/dist_worker.py);
-the outcomes of every rank are compared with each other and with the local functions.
+One launch per world size runs every scenario of this file in one process group
+(tests/dist_worker.py): 2 ranks, both modes, a manifest file and signatures; 3 ranks, both modes,
+a subgroup, and ranks that disagree, are interrupted or see different storage. The outcomes of
+every rank are compared with each other and with the local functions.
 """
 
 from __future__ import annotations
