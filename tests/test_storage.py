@@ -35,7 +35,7 @@ from integrity_fs import MANIFEST_FILENAME, IntegrityError
 def no_backoff_between_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retries run as they do, without the waits between them: these tests count attempts and name
     errors, never time them (0.2 s, then 0.4 s, per exhausted read otherwise)."""
-    monkeypatch.setattr("integrity_fs.storage.read._RETRY_DELAY_S", 0.0)
+    monkeypatch.setattr("integrity_fs.storage.calls._RETRY_DELAY_S", 0.0)
 
 
 # --- URLs: a string with no protocol is a local path -------------------------------------------------
