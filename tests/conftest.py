@@ -299,3 +299,14 @@ def backends(*names: str) -> Any:
         yield from _make_backend(request.param, request, tmp_path)
 
     return fixture
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """For pytest-xdist's ``--dist loadgroup`` (``-n 2``): the tests of a file that share a fixture
+    built once per file (a launch of ranks, a tree of checkpoints) form one group, run by one
+    worker, so that the fixture is built once; every other test goes to whichever worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else []
+        if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
