@@ -24,8 +24,9 @@ __all__ = ["GcsRange", "is_gcs", "listed_state"]
 
 def is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
     """True for gcsfs filesystems."""
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return bool({"gs", "gcs"} & set(protocols)) and hasattr(fs, "_call") and hasattr(fs, "url")
+    cls = type(fs)  # the class, not the instance: fsspec's caches pass attribute lookups through
+    protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
+    return bool({"gs", "gcs"} & set(protocols)) and hasattr(cls, "_call") and hasattr(cls, "url")
 
 
 def listed_state(info: Mapping[str, Any]) -> ObjectState:

@@ -63,8 +63,9 @@ log = logging.getLogger("integrity_fs")
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
     """True for s3fs filesystems (the only store whose SHA-256 checksums we use)."""
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "s3" in protocols and hasattr(fs, "_call_s3")
+    cls = type(fs)  # the class, not the instance: fsspec's caches pass attribute lookups through
+    protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
+    return "s3" in protocols and hasattr(cls, "_call_s3")
 
 
 def part_layout(granularity: str, chunk_size: int | None, size: int) -> int | None:
