@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import attested, datasets, s3
+from benchmarks import attested, datasets, s3, torchrun, verified
 from benchmarks import dcp as dcp_bench
+from benchmarks import safetensors as safetensors_bench
 from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
 from benchmarks.harness import CORES, REPO, Bench, log
 from benchmarks.report import (
@@ -39,7 +40,28 @@ from integrity_fs import MANIFEST_FILENAME
 from integrity_fs.manifest import json_parser
 
 RESULTS = os.path.join(REPO, "benchmarks", "results.md")
-SECTIONS = ("local", "memory", "chunks", "s3", "blake3", "attested", "upload", "signing", "dcp")
+SECTIONS = (
+    "local",
+    "memory",
+    "chunks",
+    "s3",
+    "blake3",
+    "attested",
+    "upload",
+    "signing",
+    "dcp",
+    "verified",
+    "safetensors",
+    "torchrun",
+)
+#: The sections measured by a module of their own, run as ``python -m benchmarks.NAME --json`` in
+#: a child process (torch is imported there only).
+CHILD_SECTIONS = {
+    "dcp": "benchmarks.dcp",
+    "verified": "benchmarks.verified",
+    "safetensors": "benchmarks.safetensors",
+    "torchrun": "benchmarks.torchrun",
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +79,7 @@ class Config:
     many: Dataset  # very many tiny files, for memory and the quick path
     repeats: int  # timed calls per contender and round
     rounds: int  # round-robin passes over a dataset's contenders
-    dcp_mib: int = 512  # the state dict of the DCP section
+    dcp_mib: int = 512  # the state dict of the DCP, verified-load and safetensors sections
 
 
 QUICK = Config(
@@ -303,23 +325,31 @@ def run_blake3(bench: Bench, cfg: Config) -> None:
     bench.run()
 
 
-def run_dcp(bench: Bench, cfg: Config) -> dict[str, Any] | None:
-    """``python -m benchmarks.dcp --json`` in a child process (torch is imported there only)."""
+def child_args(section: str, bench: Bench, cfg: Config) -> list[str]:
+    """The arguments of a child section's module for this run."""
+    if section == "torchrun":
+        ds = cfg.several
+        return ["--files", str(ds.count), "--size-mib", str(ds.size // MiB), "--repeats", str(cfg.repeats + 2)]
+    return ["--mib", str(cfg.dcp_mib), "--repeats", str(cfg.repeats + 2)]
+
+
+def run_child(section: str, bench: Bench, cfg: Config) -> dict[str, Any] | None:
+    """``python -m MODULE --json`` of a child section; its JSON, or None when it failed."""
     env = dict(os.environ)
     if bench.import_path:
         env["PYTHONPATH"] = os.pathsep.join([bench.import_path, REPO, env.get("PYTHONPATH", "")])
     os.makedirs(bench.root, exist_ok=True)
-    command = [sys.executable, "-m", "benchmarks.dcp", "--json", "--mib", str(cfg.dcp_mib)]
-    command += ["--repeats", str(cfg.repeats + 2), "--dir", bench.root]
+    command = [sys.executable, "-m", CHILD_SECTIONS[section], "--json", *child_args(section, bench, cfg)]
+    command += ["--dir", bench.root]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
-        log(f"  benchmarks.dcp failed (torch missing?): {done.stderr.strip().splitlines()[-1:]}")
+        log(f"  {CHILD_SECTIONS[section]} failed (torch missing?): {done.stderr.strip().splitlines()[-1:]}")
         return None
     result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
-def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[str, Any] | None = None) -> str:
+def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, children: dict[str, Any] | None = None) -> str:
     source = f"integrity_fs from {bench.import_path}" if bench.import_path else "the installed integrity_fs"
     parts = [
         f"# integrity_fs benchmarks ({cfg.name} run)",
@@ -405,6 +435,8 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
     lines += chunk_size_lines(bench, (cfg.one, cfg.several), cfg.chunk_sizes)
     lines += s3_lines(bench, cfg.s3_sets, bench.find("several:fdN"))
     lines += blake3_lines(bench, cfg.blake3)
+    children = children or {}
+    dcp = children.get("dcp")
     if dcp is not None:
         dcp_rows = [dcp_bench.Row(**r) for r in dcp["rows"]]
         parts += [
@@ -418,6 +450,7 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             "",
         ]
         lines += dcp_lines(dcp_rows, dcp["hash_cpu_s"], dcp["copy_cpu_s"])
+    parts, lines = child_sections(children, parts, lines)
     lines += attested.lines(bench, cfg.name, cfg.several)
     if lines:
         parts += ["## Targets", "", *lines, ""]
@@ -430,6 +463,37 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, dcp: dict[
             "",
         ]
     return "\n".join(parts)
+
+
+def child_sections(children: dict[str, Any], parts: list[str], lines: list[str]) -> tuple[list[str], list[str]]:
+    """The tables and target lines of the verified-load, safetensors and torchrun sections."""
+    loads = children.get("verified")
+    if loads is not None:
+        rows = [verified.Row(**{**r, "spread_s": tuple(r["spread_s"])}) for r in loads["rows"]]
+        parts += [
+            f"## Verified loads: a {loads['mib']} MiB state dict in {loads['tensors']} tensors, one process",
+            "",
+            verified.table(rows, loads["total"]),
+            "",
+        ]
+        lines += verified.target_lines(rows, loads["total"], loads["hash_s"])
+    tensors = children.get("safetensors")
+    if tensors is not None:
+        parts += [
+            f"## safetensors: one {tensors['mib']} MiB file of {tensors['tensors']} tensors, hot page cache",
+            "",
+            safetensors_bench.table(tensors),
+            "",
+            safetensors_bench.floor_line(tensors) + ".",
+            "",
+        ]
+        lines += safetensors_bench.target_lines(tensors)
+    launched = children.get("torchrun")
+    if launched is not None:
+        rows_tr = [torchrun.Row(**r) for r in launched["rows"]]
+        parts += [f"## The command line under torchrun: verify of {launched['shape']}", "", torchrun.table(rows_tr), ""]
+        lines += torchrun.target_lines(rows_tr)
+    return parts, lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -471,15 +535,15 @@ def main(argv: list[str] | None = None) -> None:
         "upload": lambda bench, cfg: attested.run_upload(bench, cfg.name),
         "signing": lambda bench, cfg: attested.run_signing(bench, cfg.several),
     }
-    dcp = None
+    children: dict[str, Any] = {}
     for section in SECTIONS:
         if section in (args.only or SECTIONS):
             log(f"{section}:")
-            if section == "dcp":
-                dcp = run_dcp(bench, cfg)
+            if section in CHILD_SECTIONS:
+                children[section] = run_child(section, bench, cfg)
             else:
                 runners[section](bench, cfg)
-    text = report(bench, cfg, command, time.perf_counter() - started, dcp)
+    text = report(bench, cfg, command, time.perf_counter() - started, children)
     print(text)
     if args.write:
         with open(RESULTS, "w", encoding="utf-8") as f:

@@ -148,6 +148,30 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def floor_line(result: dict[str, Any]) -> str:
+    cores = os.cpu_count() or 1
+    gb, hash_s = result["bytes"] / 1e9, result["hash_s"]
+    return (
+        f"sha256 of the same bytes in memory: {hash_s:.3f} s on one core ({gb / hash_s:.2f} GB/s), "
+        f"{hash_s / cores:.3f} s spread over {cores} cores"
+    )
+
+
+def target_lines(result: dict[str, Any]) -> list[str]:
+    """The target of a verified safetensors load, and the floor it cannot go under."""
+    rows = {row["contender"]: row for row in result["rows"]}
+    chunk, copy = rows["load_state_dict, chunk"], rows[BASES[0]]
+    ratio = chunk["ratios"][BASES[0]]
+    # A verified load reads every byte into the tensors (what load_file + copy costs) and hashes
+    # it, on every core at best: no load that checks every byte can be faster than this.
+    floor = (copy["median_s"] + result["hash_s"] / (os.cpu_count() or 1)) / copy["median_s"]
+    return [
+        f"- {'PASS' if ratio <= 1.3 else 'MISS'}: `integrity_fs.integrations.safetensors.load_state_dict` "
+        f"(chunk granularity) {ratio:.2f}x `load_file` + copy (target ≤ 1.3x; the floor here, that copy "
+        f"plus SHA-256 of every byte spread over every core, is {floor:.2f}x)"
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=512, help="file size in MiB")
@@ -166,15 +190,9 @@ def main() -> None:
     if args.json:
         print(json.dumps({**result, "mib": args.mib, "tensors": args.tensors}))
         return
-    cores = os.cpu_count() or 1
     print(f"model.safetensors of {args.tensors} tensors, {args.mib} MiB; {result['rounds']} rounds\n")
     print(table(result))
-    gb = result["bytes"] / 1e9
-    hash_s = result["hash_s"]
-    print(
-        f"\nsha256 of the same bytes in memory: {hash_s:.3f} s on one core ({gb / hash_s:.2f} GB/s), "
-        f"{hash_s / cores:.3f} s spread over {cores} cores"
-    )
+    print("\n".join(["", floor_line(result), "", *target_lines(result)]))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.verified [--mib 512] [--tensors 16] [--repeats 5] [--dir DIR] [--json] [--quick]``
+"""``python -m benchmarks.verified [--mib 512] [--tensors 16] [--repeats 5] [--dir DIR] [--no-s3] [--json]``
 
 Verified loads against their plain peers, on the same bytes, each call in a child process of its
 own (so that peak RSS is that call's: VmHWM), the contenders in turns:
@@ -18,6 +18,7 @@ PASS/MISS lines. ``--json`` prints the rows as JSON (``python -m benchmarks`` ru
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -26,12 +27,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 MiB = 1024 * 1024
 CHUNK = 64 * MiB
+CORES = os.cpu_count() or 1
 
 #: What a child runs: ``{kind}`` ``{url}`` ``{options}`` ``{mib}`` ``{tensors}``; prints its measurement as JSON.
 CHILD = r"""
@@ -183,8 +186,9 @@ def _rows(
     return rows
 
 
-def run(mib: int, tensors: int, repeats: int, workdir: Path, *, s3: bool = True) -> tuple[list[Row], int]:
-    """The rows, and the checkpoint's size in bytes (its files, the manifest aside)."""
+def run(mib: int, tensors: int, repeats: int, workdir: Path, *, s3: bool = True) -> tuple[list[Row], int, float]:
+    """The rows, the checkpoint's size in bytes (its files, the manifest aside), and the seconds
+    SHA-256 of those bytes takes in memory on one core (what any verified load adds in CPU)."""
     from integrity_fs import dcp, read_manifest
 
     sd = _state_dict(mib, tensors)
@@ -231,7 +235,19 @@ def run(mib: int, tensors: int, repeats: int, workdir: Path, *, s3: bool = True)
                 tensors,
                 served,
             )
-    return rows, total
+    return rows, total, _hash_s(local, list(manifest.sizes or {}))
+
+
+def _hash_s(root: str, names: list[str]) -> float:
+    """SHA-256 of the files' bytes, already in memory, on one core: the median of three passes."""
+    data = [Path(root, name).read_bytes() for name in names]
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for piece in data:
+            hashlib.sha256(piece).digest()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def table(rows: list[Row], total: int) -> str:
@@ -256,8 +272,8 @@ def _kind(row: Row) -> str:
     return "ours" if row.contender.startswith("integrity_fs") else "plain"
 
 
-def target_lines(rows: list[Row], total: int) -> list[str]:
-    """PASS/MISS lines for the verified-load targets."""
+def target_lines(rows: list[Row], total: int, hash_s: float) -> list[str]:
+    """PASS/MISS lines for the verified-load targets, with the floor of a verified load here."""
     by = {(r.where, r.contender): r for r in rows}
     out = []
 
@@ -266,9 +282,19 @@ def target_lines(rows: list[Row], total: int) -> list[str]:
 
     local_ours, local_plain = by[("local", "integrity_fs.dcp.load")], by[("local", "dcp.load (DCP's FsspecReader)")]
     ratio = local_ours.median_s / local_plain.median_s
-    line(ratio <= 1.25, f"local integrity_fs.dcp.load {ratio:.2f}x plain dcp.load (target ≤ 1.25x)")
+    # Any load that hashes every byte does plain's work and SHA-256's, at best spread over every core.
+    floor = max(local_plain.median_s, (local_plain.cpu_s + hash_s) / CORES) / local_plain.median_s
+    line(
+        ratio <= 1.25,
+        f"local integrity_fs.dcp.load {ratio:.2f}x plain dcp.load (target ≤ 1.25x; the floor here, plain's CPU "
+        f"time plus SHA-256 of every byte ({hash_s:.2f} s on one core) spread over {CORES} cores, is {floor:.2f}x)",
+    )
     extra = local_ours.peak_rss_mib - local_plain.peak_rss_mib
-    line(extra <= 2 * CHUNK / MiB, f"its peak RSS {extra:+.0f} MiB over plain's (target ≤ +{2 * CHUNK // MiB} MiB)")
+    line(
+        extra <= 2 * CHUNK / MiB,
+        f"its peak RSS {extra:+.1f} MiB over plain's (target ≤ +{2 * CHUNK // MiB} MiB: three 64 MiB units are held, "
+        "one being read and two hashed ahead)",
+    )
     ours, plain = by[("local", "integrity_fs.open(...).read()")], by[("local", "read + hashlib.sha256")]
     ratio = ours.median_s / plain.median_s
     line(ratio <= 1.1, f"integrity_fs.open read whole {ratio:.2f}x a bare read + hashlib (target ≤ 1.1x)")
@@ -297,15 +323,16 @@ def main() -> None:
         args.dir.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="ifs-bench-verified-", dir=args.dir)
     try:
-        rows, total = run(args.mib, args.tensors, args.repeats, Path(tmp), s3=not args.no_s3)
+        rows, total, hash_s = run(args.mib, args.tensors, args.repeats, Path(tmp), s3=not args.no_s3)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        print(json.dumps({"rows": [asdict(r) for r in rows], "total": total, "mib": args.mib, "tensors": args.tensors}))
+        result = {"rows": [asdict(r) for r in rows], "total": total, "hash_s": hash_s}
+        print(json.dumps({**result, "mib": args.mib, "tensors": args.tensors}))
         return
     print(f"state dict of {args.tensors} tensors, {args.mib} MiB in all ({total} bytes of files)\n")
     print(table(rows, total))
-    print("\n".join(["", *target_lines(rows, total)]))
+    print("\n".join(["", *target_lines(rows, total, hash_s)]))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ import ctypes
 import io
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,9 +231,57 @@ class VerifiedFile(io.RawIOBase):
         return done
 
     def readall(self) -> bytes:
-        out = bytearray(max(0, self.entry.size - self._position))
-        n = self.readinto(out)
-        return bytes(memoryview(out)[:n])  # one copy: a bytearray slice would be a second
+        self._check_open()
+        size = max(0, self.entry.size - self._position)
+        if size and self._reads_whole_units():
+            if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
+                data, view = _unfilled_bytes(size)
+                self._read_units_into(view)
+                return data
+            out = bytearray(size)
+            self._read_units_into(memoryview(out))
+            return bytes(out)
+        out = bytearray(size)
+        return bytes(memoryview(out)[: self.readinto(out)])  # one copy: a bytearray slice would be a second
+
+    def _reads_whole_units(self) -> bool:
+        """Whether the rest of the file is whole units none of which is held yet: then they are
+        read straight into the buffer that is returned (no unit buffer, no second copy)."""
+        if self._passthrough is not None or self._held:
+            return False
+        return self._units.range(self._units.at(self._position))[0] == self._position
+
+    def _read_units_into(self, out: memoryview) -> None:
+        """Read the units from the position to the end into ``out``, which the caller returns only
+        once every unit matched; up to ``1 + READ_AHEAD`` units are hashed at once."""
+        first, base = self._units.at(self._position), self._position
+        stop = threading.Event()
+
+        def one(index: int) -> None:
+            start, end = self._units.range(index)
+            try:
+                self._check(index, _hash_into(self.entry, start, out[start - base : end - base], stop))
+            except BaseException:
+                stop.set()  # the other units stop at their next piece
+                raise
+
+        indexes = range(first, len(self._units))
+        if len(indexes) == 1:
+            one(first)
+        else:
+            pool = ThreadPoolExecutor(min(len(indexes), 1 + READ_AHEAD), thread_name_prefix="integrity_fs-read")
+            try:
+                futures = [pool.submit(one, index) for index in indexes]
+                wait(futures)
+            except BaseException:  # Ctrl-C: the units stop at their next piece
+                stop.set()
+                raise
+            finally:
+                pool.shutdown(wait=True)
+            failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
+            if failures:  # the failure itself, not a unit it stopped
+                raise next((e for e in failures if not isinstance(e, storage.Cancelled)), failures[0])
+        self._position = self._read_to = self._passed = self.entry.size
 
     def close(self) -> None:
         if self.closed:
@@ -334,17 +383,21 @@ class VerifiedFile(io.RawIOBase):
         start, end = self._units.range(index)
         buffer = self._buffers.take(end - start)
         try:
-            digest = _hash_into(entry, start, buffer, self._stop)
+            self._check(index, _hash_into(entry, start, buffer, self._stop))
         except BaseException:
             self._buffers.give(buffer)
             raise
-        if digest != self._units.digests[index]:
-            ranges = ((start, end),) if entry.manifest.granularity == "chunk" else ()
-            problem = Problem(entry.name, "mismatch", self._units.digests[index], digest, ranges)
-            self._buffers.give(buffer)
-            raise IntegrityError(Report(problems=(problem,)), entry.location)
-        self._count(end - start)
         return buffer
+
+    def _check(self, index: int, digest: str) -> None:
+        """Unit ``index`` hashed to ``digest``: counted when it matches the manifest, else an
+        ``IntegrityError`` naming its byte range (chunks)."""
+        start, end = self._units.range(index)
+        if digest != self._units.digests[index]:
+            ranges = ((start, end),) if self.entry.manifest.granularity == "chunk" else ()
+            problem = Problem(self.entry.name, "mismatch", self._units.digests[index], digest, ranges)
+            raise IntegrityError(Report(problems=(problem,)), self.entry.location)
+        self._count(end - start)
 
     def _count(self, n: int) -> None:
         with self._lock:
@@ -367,6 +420,24 @@ def copy(target: memoryview, source: memoryview) -> None:
         target[:] = source
         return
     ctypes.memmove(_address(target), _address(source), n)
+
+
+def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
+    """A new ``bytes`` object of ``size`` (at least 2) bytes, not yet filled, and a writable view of
+    its bytes: the caller fills the view and only then hands the object out, as CPython's own
+    ``FileIO.readall`` does with ``PyBytes_FromStringAndSize(NULL, size)``. So a verified read
+    returns the very bytes it hashed, without a copy. CPython only (:data:`_FILLABLE_BYTES`)."""
+    data = _BYTES_NEW(None, size)
+    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    assert address is not None
+    return data, memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+_FILLABLE_BYTES = sys.implementation.name == "cpython" and hasattr(ctypes, "pythonapi")
+if _FILLABLE_BYTES:
+    _BYTES_NEW = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _BYTES_NEW.restype = ctypes.py_object
+    _BYTES_NEW.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
 def _address(view: memoryview) -> int:

@@ -85,6 +85,23 @@ def test_a_damaged_unit_raises_before_any_of_its_bytes_is_returned(backend: Back
         assert [p.kind for p in err.value.report.problems] == ["mismatch"]
 
 
+@pytest.mark.parametrize("granularity", ["file", "chunk"])
+def test_a_whole_read_of_a_damaged_file_returns_nothing(backend: Backend, granularity: str) -> None:
+    """read() of the whole file hashes its units where they land, in the object it returns: a
+    damaged unit anywhere (the last one here) means no object is returned at all."""
+    _sealed(backend, granularity)
+    backend.corrupt("w.bin", len(DATA) - 3)
+    with _open(backend) as f:
+        with pytest.raises(IntegrityError) as err:
+            f.read()
+        (problem,) = err.value.report.problems
+        assert problem.path == "w.bin" and problem.kind == "mismatch"
+        if granularity == "chunk":
+            assert problem.byte_ranges == ((CHUNK * 5, len(DATA)),)
+            f.seek(0)
+            assert f.read(CHUNK) == DATA[:CHUNK]  # the chunks that match are still served
+
+
 def test_open_refuses_what_is_not_sealed_as_it_is(backend: Backend) -> None:
     _sealed(backend)
     with pytest.raises(FileNotFoundError, match="not in the manifest") as missing:
