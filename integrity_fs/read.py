@@ -233,55 +233,65 @@ class VerifiedFile(io.RawIOBase):
     def readall(self) -> bytes:
         self._check_open()
         size = max(0, self.entry.size - self._position)
-        if size and self._reads_whole_units():
-            if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
-                data, view = _unfilled_bytes(size)
-                self._read_units_into(view)
-                return data
-            out = bytearray(size)
-            self._read_units_into(memoryview(out))
-            return bytes(out)
+        if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
+            data, view = _unfilled_bytes(size)
+            self.read_rest_into(view)
+            return data
         out = bytearray(size)
-        return bytes(memoryview(out)[: self.readinto(out)])  # one copy: a bytearray slice would be a second
+        self.read_rest_into(out)
+        return bytes(out)
 
-    def _reads_whole_units(self) -> bool:
-        """Whether the rest of the file is whole units none of which is held yet: then they are
-        read straight into the buffer that is returned (no unit buffer, no second copy)."""
-        if self._passthrough is not None or self._held:
-            return False
-        return self._units.range(self._units.at(self._position))[0] == self._position
+    def read_rest_into(self, buffer: Any) -> int:
+        """Read from the position to the end of the file into ``buffer``, which must be exactly that
+        long; returns the count.
 
-    def _read_units_into(self, out: memoryview) -> None:
-        """Read the units from the position to the end into ``out``, which the caller returns only
-        once every unit matched; up to ``1 + READ_AHEAD`` units are hashed at once."""
-        first, base = self._units.at(self._position), self._position
+        Units already held (read ahead), and a unit the position lies inside, are copied as
+        :meth:`readinto` copies them; every other unit is read and hashed where it lands in
+        ``buffer``, up to ``1 + READ_AHEAD`` at once: no unit buffer, no second copy. So when this
+        raises, ``buffer`` may hold bytes of a unit that did not match: it is for a caller that owns
+        ``buffer`` and drops it then (``read()`` returns its object only once every unit matched).
+        """
+        self._check_open()
+        view = memoryview(buffer).cast("B")
+        base = self._position
+        if len(view) != max(0, self.entry.size - base):
+            raise ValueError(f"read_rest_into needs a buffer of {self.entry.size - base} bytes, not {len(view)}")
+        if self._passthrough is not None or not view:
+            return self.readinto(view)
+        read_ahead, self._read_ahead = self._read_ahead, False  # every unit to the end is read here
+        indexes = range(self._units.at(base), len(self._units))
+        with self._lock:
+            in_place = [i for i in indexes if i not in self._held and self._units.range(i)[0] >= base]
         stop = threading.Event()
 
         def one(index: int) -> None:
             start, end = self._units.range(index)
             try:
-                self._check(index, _hash_into(self.entry, start, out[start - base : end - base], stop))
+                self._check(index, _hash_into(self.entry, start, view[start - base : end - base], stop))
             except BaseException:
                 stop.set()  # the other units stop at their next piece
                 raise
 
-        indexes = range(first, len(self._units))
-        if len(indexes) == 1:
-            one(first)
-        else:
-            pool = ThreadPoolExecutor(min(len(indexes), 1 + READ_AHEAD), thread_name_prefix="integrity_fs-read")
-            try:
-                futures = [pool.submit(one, index) for index in indexes]
-                wait(futures)
-            except BaseException:  # Ctrl-C: the units stop at their next piece
-                stop.set()
-                raise
-            finally:
-                pool.shutdown(wait=True)
-            failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
-            if failures:  # the failure itself, not a unit it stopped
-                raise next((e for e in failures if not isinstance(e, storage.Cancelled)), failures[0])
+        pool = ThreadPoolExecutor(max(1, min(len(in_place), 1 + READ_AHEAD)), thread_name_prefix="integrity_fs-read")
+        try:
+            futures = [pool.submit(one, index) for index in in_place]
+            for index in (i for i in indexes if i not in in_place):
+                start, end = self._units.range(index)
+                self._position = max(base, start)
+                self.readinto(view[self._position - base : end - base])
+                self.release_before(end)
+            wait(futures)
+        except BaseException:  # a held unit that did not match, or Ctrl-C: the others stop
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            self._read_ahead = read_ahead
+        failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
+        if failures:  # the failure itself, not a unit it stopped
+            raise next((e for e in failures if not isinstance(e, storage.Cancelled)), failures[0])
         self._position = self._read_to = self._passed = self.entry.size
+        return len(view)
 
     def close(self) -> None:
         if self.closed:

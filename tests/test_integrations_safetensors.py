@@ -100,7 +100,9 @@ def test_one_file_loads_as_load_file_loads_it_on_every_backend(
     ifs.seal(backend.url, storage_options=backend.storage_options, **GRANULARITIES[granularity])
     got = load_state_dict(backend.url, storage_options=backend.storage_options)
     _same(got, load_file(local / WEIGHTS_NAME))
-    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in got.values())
+    # The tensors are views of one buffer that holds the file (as load_file's are of its mapping).
+    assert len({t.untyped_storage().data_ptr() for t in got.values()}) == 1
+    assert next(iter(got.values())).untyped_storage().nbytes() == (local / WEIGHTS_NAME).stat().st_size
 
 
 @pytest.mark.parametrize("granularity", list(GRANULARITIES))
@@ -251,6 +253,20 @@ def test_a_malformed_file_is_a_value_error_naming_it(tmp_path: Path, content: by
     with pytest.raises(ValueError, match=message) as err:
         load_state_dict(tmp_path)
     assert WEIGHTS_NAME in str(err.value) and not isinstance(err.value, IntegrityError)
+
+
+def test_a_tensor_at_an_offset_its_dtype_cannot_be_viewed_at_loads_as_load_file_loads_it(tmp_path: Path) -> None:
+    """The tensors are views of the buffer that holds the file; one whose offset is not a multiple
+    of its element size (an odd-length U8 tensor before an F32 one) is copied out instead."""
+    header = {"a": _one("U8", [3], [0, 3]), "b": _one("F32", [2], [3, 11])}
+    data = b"\x01\x02\x03" + struct.pack("<2f", 1.5, -2.0)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)  # data from an offset of 8 bytes: only "b" is misaligned
+    (tmp_path / WEIGHTS_NAME).write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    ifs.seal(tmp_path)
+    got = load_state_dict(tmp_path)
+    _same(got, load_file(tmp_path / WEIGHTS_NAME))
+    assert got["b"].tolist() == [1.5, -2.0] and got["a"].tolist() == [1, 2, 3]
 
 
 def test_the_safetensors_library_refuses_those_files_too(tmp_path: Path) -> None:

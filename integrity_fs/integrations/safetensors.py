@@ -2,10 +2,10 @@
 
 A ``save_pretrained`` directory holds one ``model.safetensors`` or several shards listed by
 ``model.safetensors.index.json``. :func:`load_state_dict` reads each of those files once through
-:func:`integrity_fs.open`: the header first, then every tensor in the order of its bytes, each
-allocated and filled from the verified stream. A unit (chunk, or whole file) is hashed before any
-of its bytes reaches a tensor, and the dict is returned only once every file was read whole, so a
-damaged byte raises ``IntegrityError`` before any tensor is returned.
+:func:`integrity_fs.open`, whole, into one buffer (each unit, chunk or whole file, hashed where it
+lands); only then is its header parsed and its tensors made as views of the buffer. The dict is
+returned only once every file was read whole, so a damaged byte raises ``IntegrityError`` before
+any tensor is returned.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (tensor name ->
 ``dtype``, ``shape``, ``data_offsets`` relative to the end of the header; an optional
@@ -135,34 +135,37 @@ def load_state_dict(
 
 
 def _read_file(f: VerifiedFile, name: str) -> dict[str, torch.Tensor]:
-    """The tensors of one safetensors file, read in the order of their bytes, each byte once."""
+    """The tensors of one safetensors file, each byte read once: the whole file lands in one buffer
+    (each unit hashed where it lands, all of them at once, see ``VerifiedFile.read_rest_into``), and
+    only then is its header parsed; the tensors are views of the buffer, as those of
+    ``safetensors.torch.load_file`` are views of its mapping of the file. The buffer is dropped
+    unless every unit matched."""
     where = f"{printable(name)} in {f.entry.location}"
-    tensors = _header(f, where)
+    data = torch.empty(f.entry.size, dtype=torch.uint8)
+    if len(data):
+        f.read_rest_into(data.numpy().data)
     out: dict[str, torch.Tensor] = {}
-    for tensor in tensors:
-        nbytes = tensor.end - tensor.start
-        raw = torch.empty(nbytes, dtype=torch.uint8)
-        if nbytes:
-            got = f.readinto(raw.numpy().data)
-            if got != nbytes:  # the sizes were checked against the manifest: never expected
-                raise ValueError(f"{where} ended inside tensor {printable(tensor.name)}")
-            f.release_before(tensor.end)
+    for tensor in _header(data.numpy().data, where):
+        raw = data[tensor.start : tensor.end]
+        if tensor.start % tensor.dtype.itemsize:  # a view needs its elements aligned
+            raw = raw.clone()
         out[tensor.name] = raw.view(tensor.dtype).reshape(tensor.shape)
     return out
 
 
-def _header(f: VerifiedFile, where: str) -> list[_Tensor]:
-    """The tensors the header of ``f`` describes, in the order of their bytes, checked: contiguous
-    from the end of the header to the end of the file, each as long as its dtype and shape say."""
-    size = f.entry.size
-    prefix = f.read(8)
+def _header(data: memoryview, where: str) -> list[_Tensor]:
+    """The tensors the header of the file ``data`` describes, in the order of their bytes, checked:
+    contiguous from the end of the header to the end of the file, each as long as its dtype and
+    shape say."""
+    size = len(data)
+    prefix = bytes(data[:8])
     if len(prefix) < 8:
         raise ValueError(f"{where} is not a safetensors file: {size} bytes, shorter than its header length")
     (length,) = struct.unpack("<Q", prefix)
     if length > MAX_HEADER_SIZE or 8 + length > size:
         raise ValueError(f"{where} is not a safetensors file: a header of {length} bytes in a file of {size}")
     try:
-        header = json.loads(f.read(length), object_pairs_hook=_no_duplicates)
+        header = json.loads(bytes(data[8 : 8 + length]), object_pairs_hook=_no_duplicates)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{where} is not a safetensors file: its header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
