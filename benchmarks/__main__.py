@@ -47,6 +47,7 @@ SECTIONS = (
     "s3",
     "blake3",
     "attested",
+    "recorded",
     "upload",
     "signing",
     "dcp",
@@ -349,6 +350,18 @@ def run_child(section: str, bench: Bench, cfg: Config) -> dict[str, Any] | None:
     return result
 
 
+def full_verify_of(bench: Bench) -> Callable[[Any], Any]:
+    """The full verify a row of the attested section compares with: ``<dataset>:full``, or for the
+    rows of checkpoints another tool wrote, ``<dataset>:<writer>-full``."""
+
+    def reference(row: Any) -> Any:
+        dataset, _, name = row.key.partition(":")
+        writer = name.rsplit("-", 1)[0] if name.endswith(("-full", "-attested")) else ""
+        return bench.find(f"{dataset}:{writer}-full" if writer else f"{dataset}:full")
+
+    return reference
+
+
 def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, children: dict[str, Any] | None = None) -> str:
     source = f"integrity_fs from {bench.import_path}" if bench.import_path else "the installed integrity_fs"
     parts = [
@@ -399,9 +412,9 @@ def report(bench: Bench, cfg: Config, command: str, elapsed_s: float, children: 
             None,
         ),
         (
-            "Attested verification on S3 (moto); ratios to the full verify",
+            "Attested verification on S3 (moto) and GCS (emulator); ratios to the full verify",
             [r for r in bench.rows if r.section == "attested"],
-            reference_by(bench, "full"),
+            full_verify_of(bench),
             True,
             None,
         ),
@@ -532,6 +545,7 @@ def main(argv: list[str] | None = None) -> None:
         "s3": run_s3,
         "blake3": run_blake3,
         "attested": lambda bench, cfg: attested.run_attested(bench, cfg.name),
+        "recorded": lambda bench, cfg: attested.run_recorded(bench, cfg.name),
         "upload": lambda bench, cfg: attested.run_upload(bench, cfg.name),
         "signing": lambda bench, cfg: attested.run_signing(bench, cfg.several),
     }

@@ -3,7 +3,8 @@
 For each target (a local directory and an S3 prefix): saves step_100, step_200 and step_300, rank 0
 corrupts a file of step_300 that rank 1 wrote and strips the manifest of a later step_400, then
 every rank resumes with dcp.load_latest and distributed.latest_verified. Also: no checkpoint that
-verifies, a root that is a file, and ranks passing different modes. Writes this rank's outcomes to
+verifies, a root that is a file, a rank that sees no checkpoint where the others see some, and ranks
+passing different modes. Writes this rank's outcomes to
 ``rank<RANK>.json``.
 """
 
@@ -169,6 +170,13 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
     out["missing_root"] = attempt(lambda: distributed.latest_verified(f"{url}-never", storage_options=options))
     modes = ["sharded", "rank0"]
     out["modes_differ"] = attempt(lambda: distributed.latest_verified(url, mode=modes[rank], storage_options=options))  # type: ignore[arg-type]
+    # A node without the run's storage (rank 1 sees no checkpoint there): never a fresh start alone.
+    unseen = [url, f"{url}-never"]
+    target = state(rank, 0)
+    out["unseen_root"] = {
+        **attempt(lambda: dcp.load_latest(target, unseen[rank], storage_options=options)),
+        "untouched": same(target, state(rank, 0)),
+    }
     bad = ["sharded", "bogus"]
     out["bad_mode"] = attempt(lambda: distributed.latest_verified(url, mode=bad[rank], storage_options=options))  # type: ignore[arg-type]
     return out

@@ -7,6 +7,7 @@ type, message, report or manifest, bytes this rank hashed) to ``rank<RANK>.json`
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -62,14 +63,21 @@ INTERRUPTS: dict[str, BaseException] = {
 class ByteCounter(Callback):  # type: ignore[misc]
     """Counts the bytes this rank hashes; raises ``interrupt`` at the first one (a Ctrl-C in a callback)."""
 
-    def __init__(self, interrupt: BaseException | None = None) -> None:
+    def __init__(self, interrupt: BaseException | None = None, rewrite: str | None = None) -> None:
         super().__init__()
         self.hashed = 0
         self.interrupt = interrupt
+        self.rewrite = rewrite
 
     def relative_update(self, inc: int = 1) -> None:
         if self.interrupt is not None:
             raise self.interrupt
+        if self.rewrite is not None and inc > 0:  # after this rank's first file: a writer steps in
+            for path in sorted(Path(self.rewrite).rglob("*.bin")):
+                data = path.read_bytes()
+                with open(path, "r+b") as f:  # in place, the same bytes: only the file's identity changes
+                    f.write(data)
+            self.rewrite = None
         self.hashed += inc
 
 
@@ -120,7 +128,8 @@ def run(scenario: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
     if scenario.get("faulty_rank") == rank:
         kwargs["fs"] = FaultyLocalFS(scenario["fault"])
     interrupt = INTERRUPTS[scenario.get("interrupt", "KeyboardInterrupt")]
-    counter = ByteCounter(interrupt if scenario.get("interrupt_rank") == rank else None)
+    rewrite = scenario.get("rewrite_dir") if scenario.get("rewrite_rank") == rank else None
+    counter = ByteCounter(interrupt if scenario.get("interrupt_rank") == rank else None, rewrite)
     kwargs["callback"] = counter
     function = distributed.verify if scenario["op"] == "verify" else distributed.seal
     faulty = scenario.get("checksum_fault_rank") == rank

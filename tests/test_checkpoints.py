@@ -546,6 +546,10 @@ def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> N
         "type": "ValueError",
         "message": "ranks passed different modes: 'sharded' on rank 0; 'rank0' on rank 1",
     }
+    # Rank 1 sees no checkpoint (a node without the mount): every rank raises, nothing is loaded.
+    unseen = [r["unseen_root"] for r in per_rank]
+    assert all(u["type"] == "OSError" and "ranks see different checkpoints" in u["message"] for u in unseen), unseen
+    assert all("rank 1: 0 checkpoints" in u["message"] and u["untouched"] for u in unseen)
     bad = _one(per_rank, "bad_mode")  # the messages of distributed.seal and verify
     assert bad == {"type": "ValueError", "message": "mode must be one of 'sharded', 'rank0', not 'bogus' (rank 1)"}
 

@@ -473,7 +473,11 @@ def hostile_scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
     def sc(id_: str, op: str, mode: str, url: str, **extra: Any) -> dict[str, Any]:
         return {"id": id_, "op": op, "mode": mode, "url": url, **extra}
 
+    for i in range(24):  # many files: rank 1 has units left to read after its first one
+        (root / "unsealed-rewritten" / f"f{i:02d}.bin").parent.mkdir(exist_ok=True)
+        (root / "unsealed-rewritten" / f"f{i:02d}.bin").write_bytes(bytes([i]) * 40_000)
     good, modes, interrupts = (str(root / n) for n in ("good", "unsealed-modes", "unsealed-interrupts"))
+    rewritten = str(root / "unsealed-rewritten")
     cwd = [str(node) for node in nodes]
     scenarios = [
         # modes
@@ -493,6 +497,8 @@ def hostile_scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
         sc("interrupt-seal-rank0", "seal", "rank0", interrupts, interrupt_rank=0),
         sc("unbuildable", "verify", "sharded", good, interrupt_rank=1, interrupt="UnicodeEncodeError"),
         sc("after-interrupts", "verify", "sharded", good),
+        # a writer steps in while a sharded seal reads (every file rewritten in place, same bytes)
+        sc("rewritten-seal", "seal", "sharded", rewritten, rewrite_rank=1, rewrite_dir=rewritten),
         # node-local views
         sc("views-verify", "verify", "sharded", "ckpt", rank_cwd=cwd),
         sc("views-verify-quick", "verify", "sharded", "ckpt", rank_cwd=cwd, kwargs={"quick": True}),
@@ -549,6 +555,16 @@ def test_an_interrupt_on_one_rank_is_reraised_there_and_every_rank_raises(hostil
     assert unbuildable["type"] == "RuntimeError"
     assert unbuildable["message"].startswith("UnicodeEncodeError: 'utf-8' codec can't encode")
     assert _same_on_every_rank(results["after-interrupts"])["type"] == "Report"
+
+
+def test_a_file_rewritten_while_a_sharded_seal_reads_it_is_never_sealed(hostile: tuple[Path, Results]) -> None:
+    """The guard of the local seal holds in sharded mode too: rank 1's files change under it (in
+    place, the same bytes: only their identity changes), and no rank writes or returns a manifest."""
+    root, results = hostile
+    shared = _same_on_every_rank(results["rewritten-seal"])
+    assert shared["type"] == "FileChangedError", shared
+    assert "changed while it was read" in shared["message"]
+    assert not (root / "unsealed-rewritten" / MANIFEST_FILENAME).exists()
 
 
 def test_sharded_mode_refuses_ranks_that_see_different_storage(hostile: tuple[Path, Results]) -> None:
