@@ -72,7 +72,7 @@ class ByteCounter(Callback):  # type: ignore[misc]
     def relative_update(self, inc: int = 1) -> None:
         if self.interrupt is not None:
             raise self.interrupt
-        if self.rewrite is not None and inc > 0:  # after this rank's first file: a writer steps in
+        if self.rewrite is not None and inc > 0:  # after this rank's first block: a writer steps in
             for path in sorted(Path(self.rewrite).rglob("*.bin")):
                 data = path.read_bytes()
                 with open(path, "r+b") as f:  # in place, the same bytes: only the file's identity changes

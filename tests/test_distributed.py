@@ -473,9 +473,9 @@ def hostile_scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
     def sc(id_: str, op: str, mode: str, url: str, **extra: Any) -> dict[str, Any]:
         return {"id": id_, "op": op, "mode": mode, "url": url, **extra}
 
-    for i in range(24):  # many files: rank 1 has units left to read after its first one
-        (root / "unsealed-rewritten" / f"f{i:02d}.bin").parent.mkdir(exist_ok=True)
-        (root / "unsealed-rewritten" / f"f{i:02d}.bin").write_bytes(bytes([i]) * 40_000)
+    for i in range(6):  # files read in several blocks: rank 1's first block ends mid-file
+        (root / "unsealed-rewritten" / f"f{i}.bin").parent.mkdir(exist_ok=True)
+        (root / "unsealed-rewritten" / f"f{i}.bin").write_bytes(bytes([i]) * (4 << 20))
     good, modes, interrupts = (str(root / n) for n in ("good", "unsealed-modes", "unsealed-interrupts"))
     rewritten = str(root / "unsealed-rewritten")
     cwd = [str(node) for node in nodes]
