@@ -326,7 +326,7 @@ def run_blake3(bench: Bench, cfg: Config) -> None:
     bench.run()
 
 
-def child_args(section: str, bench: Bench, cfg: Config) -> list[str]:
+def child_args(section: str, cfg: Config) -> list[str]:
     """The arguments of a child section's module for this run."""
     if section == "torchrun":
         ds = cfg.several
@@ -340,7 +340,7 @@ def run_child(section: str, bench: Bench, cfg: Config) -> dict[str, Any] | None:
     if bench.import_path:
         env["PYTHONPATH"] = os.pathsep.join([bench.import_path, REPO, env.get("PYTHONPATH", "")])
     os.makedirs(bench.root, exist_ok=True)
-    command = [sys.executable, "-m", CHILD_SECTIONS[section], "--json", *child_args(section, bench, cfg)]
+    command = [sys.executable, "-m", CHILD_SECTIONS[section], "--json", *child_args(section, cfg)]
     command += ["--dir", bench.root]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     if done.returncode:

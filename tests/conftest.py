@@ -21,6 +21,7 @@ from typing import Any
 
 import fsspec
 import pytest
+from fsspec.callbacks import Callback
 from fsspec.spec import AbstractFileSystem
 
 BUCKET = "integrity-test"
@@ -310,3 +311,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         defs = info.name2fixturedefs.values() if info is not None else []
         if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+class AfterListing(Callback):  # type: ignore[misc]  # fsspec is untyped
+    """A progress callback that runs ``change`` once the listing is done, just before the first
+    byte is read (fsspec calls ``set_size`` with the total then): a file changed in between."""
+
+    def __init__(self, change: Any) -> None:
+        super().__init__()
+        self.change = change
+
+    def set_size(self, size: int) -> None:
+        self.change()
+        super().set_size(size)
+
+
+# --- the command-line tests' checkpoints (test_cli*.py) -----------------------------------------------
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """A local, unsealed checkpoint directory (test files of other parts define their own)."""
+    from cli_run import FILES
+
+    root = tmp_path / "step_1000"
+    for name, data in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def sealed(ckpt: Path) -> Path:
+    """``ckpt``, sealed by ``integrity-fs seal``."""
+    from cli_run import cli
+
+    proc = cli("seal", str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    return ckpt
+
+
+@pytest.fixture
+def s3(s3_backend: Backend, s3_endpoint: str) -> tuple[Backend, list[str]]:
+    """An unsealed checkpoint in the moto bucket, and the -o options that reach it."""
+    from cli_run import FILES
+
+    for name, data in FILES.items():
+        s3_backend.write(name, data)
+    return s3_backend, ["-o", f"client_kwargs.endpoint_url={s3_endpoint}"]

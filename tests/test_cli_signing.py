@@ -5,34 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from cli_run import FILES, cli, flip, make_keys, stderr_pair
+from cli_run import cli, flip, make_keys, stderr_pair
 from conftest import Backend
-
-
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    """A local, unsealed checkpoint directory."""
-    root = tmp_path / "step_1000"
-    for name, data in FILES.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
-
-
-@pytest.fixture
-def sealed(ckpt: Path) -> Path:
-    proc = cli("seal", str(ckpt))
-    assert proc.returncode == 0, proc.stderr
-    return ckpt
-
-
-@pytest.fixture
-def s3(s3_backend: Backend, s3_endpoint: str) -> tuple[Backend, list[str]]:
-    """An unsealed checkpoint in the moto bucket, and the -o options that reach it."""
-    for name, data in FILES.items():
-        s3_backend.write(name, data)
-    return s3_backend, ["-o", f"client_kwargs.endpoint_url={s3_endpoint}"]
 
 
 def test_signed_seal_catches_a_resealed_tampering(ckpt: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Backend
+from conftest import AfterListing, Backend
 from fsspec.callbacks import Callback
 
 import integrity_fs as ifs
@@ -276,21 +276,9 @@ def test_a_file_rewritten_while_it_is_sealed_is_never_sealed(tmp_path, granulari
     assert ifs.verify(tmp_path).ok
 
 
-class _GrowWhenHashingStarts(Callback):  # type: ignore[misc]
-    """Appends to a file after the listing, just before the first byte is read."""
-
-    def __init__(self, grow: Any) -> None:
-        super().__init__()
-        self.grow = grow
-
-    def set_size(self, size: int) -> None:
-        self.grow()
-        super().set_size(size)
-
-
 def test_seal_refuses_a_file_that_grew_while_it_was_read(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"first")
-    grown = _GrowWhenHashingStarts(lambda: (tmp_path / "a.bin").write_bytes(b"first and more"))
+    grown = AfterListing(lambda: (tmp_path / "a.bin").write_bytes(b"first and more"))
     with pytest.raises(OSError, match=r"a\.bin"):
         ifs.seal(tmp_path, callback=grown)
     assert not (tmp_path / MANIFEST_FILENAME).exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsspec.callbacks import Callback
+from conftest import AfterListing
 
 import integrity_fs as ifs
 from integrity_fs import IntegrityError, storage
@@ -23,18 +23,6 @@ from integrity_fs.hashing import Unit
 
 def _workers_alive() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("integrity_fs_")]
-
-
-class _AfterListing(Callback):  # type: ignore[misc]
-    """Runs ``change`` after the listing, just before the first byte is read."""
-
-    def __init__(self, change: Any) -> None:
-        super().__init__()
-        self.change = change
-
-    def set_size(self, size: int) -> None:
-        self.change()
-        super().set_size(size)
 
 
 def _many(root: Path, count: int, size: int = 1000) -> dict[str, bytes]:
@@ -70,7 +58,7 @@ def test_a_file_that_vanished_or_became_a_fifo_inside_a_batch_is_missing(tmp_pat
         os.mkfifo(tmp_path / "d2/f062.bin")
 
     with pytest.raises(IntegrityError) as err:
-        ifs.verify(tmp_path, callback=_AfterListing(change), max_workers=2)
+        ifs.verify(tmp_path, callback=AfterListing(change), max_workers=2)
     problems = {p.path: (p.kind, p.actual) for p in err.value.report.problems}
     assert problems == {"d1/f061.bin": ("missing", None), "d2/f062.bin": ("missing", None)}
     assert err.value.report.files_checked == 148
@@ -86,7 +74,7 @@ def test_a_file_changed_after_the_listing_inside_a_batch_is_a_file_changed_error
     old = files["d0/f063.bin"]
     new = {"grew": old + b"more", "shrank": old[:10], "rewritten": b"y" + old[1:]}[how]
     with pytest.raises(ifs.FileChangedError, match=r"f063\.bin changed while it was read") as err:
-        ifs.verify(tmp_path, callback=_AfterListing(lambda: (tmp_path / "d0/f063.bin").write_bytes(new)))
+        ifs.verify(tmp_path, callback=AfterListing(lambda: (tmp_path / "d0/f063.bin").write_bytes(new)))
     assert err.value.names and err.value.names[0].endswith("d0/f063.bin")
     (tmp_path / "d0/f063.bin").write_bytes(old)
     assert ifs.verify(tmp_path).ok

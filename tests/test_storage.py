@@ -20,8 +20,7 @@ from typing import Any
 import botocore.exceptions
 import fsspec
 import pytest
-from conftest import Backend, backends
-from fsspec.callbacks import Callback
+from conftest import AfterListing, Backend, backends
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -232,18 +231,6 @@ def test_a_file_replaced_by_a_directory_after_the_listing_is_missing(tmp_path, m
 # --- reads are pinned to the listed version and confirm the end of each file -------------------------
 
 
-class _GrowWhenHashingStarts(Callback):  # type: ignore[misc]
-    """Appends to a file after the listing, just before the first byte is read."""
-
-    def __init__(self, grow: Any) -> None:
-        super().__init__()
-        self.grow = grow
-
-    def set_size(self, size: int) -> None:
-        self.grow()
-        super().set_size(size)
-
-
 @pytest.mark.parametrize("granularity", ["file", "chunk"])
 @pytest.mark.parametrize("change", ["grew", "shrank"])
 def test_a_file_that_changed_size_after_the_listing_is_a_file_changed_error(backend: Backend, granularity, change):
@@ -257,7 +244,7 @@ def test_a_file_that_changed_size_after_the_listing_is_a_file_changed_error(back
     ifs.seal(backend.url, storage_options=backend.storage_options, granularity=granularity, chunk_size=chunk_size)
 
     new = data + b"appended" if change == "grew" else data[:1700]
-    changed = _GrowWhenHashingStarts(lambda: backend.write("a.bin", new))
+    changed = AfterListing(lambda: backend.write("a.bin", new))
     with pytest.raises(ifs.FileChangedError, match=r"a\.bin changed while it was read"):
         ifs.verify(backend.url, storage_options=backend.storage_options, callback=changed)
 
@@ -292,7 +279,7 @@ def test_on_a_store_without_versions_a_file_that_changed_size_is_a_size_problem(
     chunk_size = 1000 if granularity == "chunk" else None
     ifs.seal(root, fs=fs, granularity=granularity, chunk_size=chunk_size)
     for new, size in ((data + b"appended", 2508), (data[:1700], 1700)):
-        changed = _GrowWhenHashingStarts(lambda new=new: fs.pipe_file(f"{root}/a.bin", new))
+        changed = AfterListing(lambda new=new: fs.pipe_file(f"{root}/a.bin", new))
         with pytest.raises(IntegrityError) as err:
             ifs.verify(root, fs=fs, callback=changed)
         assert _problems(err) == {"a.bin": ("size", 2500, size)}
@@ -303,7 +290,7 @@ def test_on_a_store_without_versions_a_file_that_changed_size_is_a_size_problem(
 def test_an_empty_file_that_grew_after_the_listing_is_a_file_changed_error(tmp_path):
     (tmp_path / "empty.bin").write_bytes(b"")
     ifs.seal(tmp_path)
-    grown = _GrowWhenHashingStarts(lambda: (tmp_path / "empty.bin").write_bytes(b"now full"))
+    grown = AfterListing(lambda: (tmp_path / "empty.bin").write_bytes(b"now full"))
     with pytest.raises(ifs.FileChangedError, match=r"empty\.bin"):
         ifs.verify(tmp_path, callback=grown)
 
@@ -435,7 +422,7 @@ def test_a_file_turned_into_a_fifo_after_the_listing_is_never_opened(tmp_path):
         os.mkfifo(tmp_path / "empty.bin")
 
     with pytest.raises(IntegrityError) as err:
-        ifs.verify(tmp_path, callback=_GrowWhenHashingStarts(swap))
+        ifs.verify(tmp_path, callback=AfterListing(swap))
     assert [p.kind for p in err.value.report.problems] == ["missing"]
 
 
