@@ -1,28 +1,41 @@
 """open: a file of a sealed checkpoint that returns only verified bytes, read once.
 
-The file is read in its manifest's units (a chunk, or the whole file): a unit is read through the
-guarded reader (pinned to the version listed), hashed as it lands in a buffer, and compared with
-the manifest before any of its bytes is returned. A damaged unit raises ``IntegrityError``, a file
-whose version changed ``FileChangedError``. The next unit is read ahead on a helper thread while
-the caller consumes the current one, so hashing overlaps the caller's own work. At most
-:data:`HELD_UNITS` units are held per open file.
+The file is read in its manifest's units (a chunk, or the whole file). A unit is read through
+the guarded reader (pinned to the version listed) into a new ``bytes`` object, hashed as it
+lands, and compared with the manifest; only then is it kept, and only kept units are served. A
+kept unit is never written to again and never reused for another: dropping it only forgets it,
+so bytes a caller copies are always the bytes that verified, whatever else happens meanwhile
+(read-ahead, a seek back, another thread, ``close``). A damaged unit raises ``IntegrityError``, a
+file whose version changed ``FileChangedError``.
 
-A file of file granularity larger than :data:`WHOLE_FILE_LIMIT` cannot be held whole: it is
-verified first (one pinned pass) and then served by a second pass pinned to the same version
-(local files: the identity is checked after each read, before its bytes are returned).
+At most :data:`HELD_UNITS` units are kept per open file. The next :data:`READ_AHEAD` units are
+read ahead on helper threads while the caller works on the current one, when the caller reads on
+into a unit from where its last read ended (or starts a region, see
+:meth:`VerifiedFile.release_before`), not when it looks at the end of a file before its start
+(``torch.load`` reads a zip's directory first). Read-ahead takes only a free place or that of a unit
+behind the one being read; a unit asked for drops units behind it first, then the one furthest
+ahead. So a file read in order is read once, and so is one whose end is read first.
+One lock serialises the file's methods, as ``io.BufferedReader`` does, so one object can be
+shared between threads; ``close`` stops every read under way first, so no waiter is left blocked.
+
+A file of file granularity larger than :data:`WHOLE_FILE_LIMIT` is one unit too large to hold: it
+is read once, hashed, and copied as it is read into a private spool (an unlinked temporary file
+of this process); once it verified, reads are served from the spool. No second read of the store.
 
 ``dcp.load``, ``VerifyingFsspecReader`` and the safetensors loader read through :class:`VerifiedFile`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import io
-import mmap
 import os
 import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -36,18 +49,17 @@ from .manifest import Manifest
 from .report import Problem, Report, printable
 from .verify import verify_options
 
-__all__ = ["HELD_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Buffers", "Entry", "VerifiedFile", "open"]
+__all__ = ["HELD_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
 
 URL = str | os.PathLike[str]
 
 #: A file of file granularity up to this size is read, hashed and held whole; a larger one is
-#: verified first and then served by a second pinned read. The same bound as a default chunk.
+#: verified into a private spool and served from there. The same bound as a default chunk.
 WHOLE_FILE_LIMIT = DEFAULT_CHUNK_SIZE
-#: Units read ahead at once, each on a helper thread: hashing is what reading costs, and two
-#: units hashed at once keep two cores busy while the caller works on the bytes already verified.
+#: Units read ahead at once, each on a helper thread: two units hashed at once keep two cores
+#: busy while the caller works on the bytes already verified.
 READ_AHEAD = 2
-#: Units held at once per open file: the one being read, the next (read ahead), and one more for
-#: readers that look at a file's end before its start (``torch.load`` reads a zip's directory first).
+#: Units held at once per open file: the one being read and the ones read ahead.
 HELD_UNITS = 1 + READ_AHEAD
 
 
@@ -125,67 +137,69 @@ class _Units:
         return min(position // self.size, len(self.digests) - 1)
 
 
-class Buffers:
-    """Unit buffers kept for reuse, so that reading unit after unit does not fault fresh pages in
-    each time (one pool can serve the files of one load, read one after another)."""
+class _Stops:
+    """The stop events of a file's reads under way: ``close`` sets them all, without the file's
+    lock (a reader may hold it while it waits), so every read ends at its next block."""
 
-    def __init__(self, keep: int = HELD_UNITS) -> None:
-        self._free: list[Any] = []
-        self._keep = keep
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._live: set[threading.Event] = set()
+        self.closing = False
 
-    def take(self, size: int) -> memoryview:
+    def new(self) -> threading.Event:
+        event = threading.Event()
         with self._lock:
-            for i, buffer in enumerate(self._free):
-                if len(buffer) == size:
-                    return memoryview(self._free.pop(i))
-        return memoryview(_new_buffer(size))
+            if self.closing:
+                event.set()
+            self._live.add(event)
+        return event
 
-    def give(self, view: memoryview) -> None:
-        buffer = view.obj
-        if isinstance(buffer, (bytearray, mmap.mmap)):
-            with self._lock:
-                if len(self._free) < self._keep:
-                    self._free.append(buffer)
+    def done(self, event: threading.Event) -> None:
+        with self._lock:
+            self._live.discard(event)
 
-
-#: Buffers at least this large are mapped with their pages made present at once (one call) rather
-#: than faulted in one page at a time as the first read writes them.
-POPULATED_MIN = 1024 * 1024
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+    def close(self) -> None:
+        with self._lock:
+            self.closing = True
+            for event in self._live:
+                event.set()
 
 
-def _new_buffer(size: int) -> Any:
-    if size >= POPULATED_MIN and _POPULATE and hasattr(mmap, "MAP_ANONYMOUS"):
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
-    return bytearray(size)
+@dataclass
+class _Fetch:
+    """A unit being read (or read): its verified bytes once ``future`` is done, and the event that
+    stops its read when the unit is dropped before it is done."""
+
+    future: Future[bytes]
+    stop: threading.Event
 
 
 class VerifiedFile(io.RawIOBase):
     """A read-only binary file object over one file of a sealed checkpoint that returns only
-    verified bytes: ``read``, ``readinto``, ``seek``, ``tell``; a context manager.
+    verified bytes: ``read``, ``readinto``, ``readall``, ``seek``, ``tell``; a context manager;
+    safe to share between threads.
 
-    ``bytes_verified`` counts the bytes hashed so far (each unit once, whatever is read of it).
+    ``bytes_verified`` counts the bytes hashed so far (each unit once when read in order).
     """
 
-    def __init__(self, entry: Entry, *, read_ahead: bool = True, buffers: Buffers | None = None) -> None:
+    def __init__(self, entry: Entry, *, read_ahead: bool = True) -> None:
         super().__init__()
         self.entry = entry
         self.name = entry.path
-        self._buffers = buffers if buffers is not None else Buffers()
         self._units = _Units(entry)
         self._position = 0
-        self._read_to = 0  # where the last read ended
-        self._passed = 0  # read through in order up to here: units that end before are done with
-        self._lock = threading.Lock()
-        self._held: dict[int, Future[memoryview]] = {}
-        self._stop = threading.Event()
+        self._lock = threading.RLock()  # every method; RawIOBase.read calls readinto
+        self._held: dict[int, _Fetch] = {}
+        self._stops = _Stops()
         self._pool: ThreadPoolExecutor | None = None
         self._read_ahead = read_ahead and len(self._units) > 1
+        self._last_end = 0  # where the last read ended
+        self._region = 0  # where the caller's current region of the file starts (see release_before)
+        self._counted = threading.Lock()
         self.bytes_verified = 0
-        self._passthrough: _Passthrough | None = None
+        self._spool: _Spool | None = None
         if entry.manifest.granularity != "chunk" and entry.size > WHOLE_FILE_LIMIT:
-            self._passthrough = _Passthrough(entry, self._stop, self._count)
+            self._spool = _Spool(entry, self._stops, self._count)
 
     # --- the file object ---------------------------------------------------------------------
 
@@ -196,115 +210,125 @@ class VerifiedFile(io.RawIOBase):
         return True
 
     def tell(self) -> int:
-        return self._position
+        with self._lock:
+            self._check_open()
+            return self._position
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if whence == os.SEEK_SET:
-            target = offset
-        elif whence == os.SEEK_CUR:
-            target = self._position + offset
-        elif whence == os.SEEK_END:
-            target = self.entry.size + offset
-        else:
-            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-        if target < 0:
-            raise ValueError(f"negative seek position {target}")
-        self._position = target
-        return target
+        with self._lock:
+            self._check_open()
+            if whence == os.SEEK_SET:
+                target = offset
+            elif whence == os.SEEK_CUR:
+                target = self._position + offset
+            elif whence == os.SEEK_END:
+                target = self.entry.size + offset
+            else:
+                raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+            if target < 0:
+                raise ValueError(f"negative seek position {target}")
+            self._position = target
+            return target
 
     def readinto(self, buffer: Any) -> int:
-        self._check_open()
-        view = memoryview(buffer).cast("B")
-        if self._position == self._read_to:  # read on from where the last read ended: all before is passed
-            self._passed = max(self._passed, self._position)
-        done = 0
-        while done < len(view) and self._position < self.entry.size:
-            if done:  # this read goes on past a unit's end: what lies before is read through
-                self._passed = max(self._passed, self._position)
-            if self._passthrough is not None:
-                n = self._passthrough.readinto(view[done:], self._position)
-            else:
-                n = self._copy_from_unit(view[done:])
-            self._position += n
-            done += n
-        self._read_to = self._position
-        return done
+        with self._lock:
+            self._check_open()
+            view = memoryview(buffer).cast("B")
+            start = self._position
+            # Read ahead for a read that starts a region, or for each unit a read entered going
+            # on from where the last one ended: not for a look at the end before the start.
+            on = start in (self._last_end, self._region)
+            done = 0
+            while done < len(view) and self._position < self.entry.size:
+                if self._spool is not None:
+                    n = self._spool.readinto(view[done:], self._position)
+                else:
+                    entered = self._position == start == self._region or self._position % self._units.size == 0
+                    n = self._copy_from_unit(view[done:], read_ahead=on and entered)
+                self._position += n
+                done += n
+            self._last_end = self._position
+            return done
 
     def readall(self) -> bytes:
-        self._check_open()
-        size = max(0, self.entry.size - self._position)
-        if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
-            data, view = _unfilled_bytes(size)
-            self.read_rest_into(view)
-            return data
-        out = bytearray(size)
-        self.read_rest_into(out)
-        return bytes(out)
+        with self._lock:
+            self._check_open()
+            size = max(0, self.entry.size - self._position)
+            if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
+                data, view = _unfilled_bytes(size)
+                self.read_rest_into(view)
+                return data
+            out = bytearray(size)
+            self.read_rest_into(out)
+            return bytes(out)
 
     def read_rest_into(self, buffer: Any) -> int:
         """Read from the position to the end of the file into ``buffer``, which must be exactly that
         long; returns the count.
 
-        Units already held (read ahead), and a unit the position lies inside, are copied as
-        :meth:`readinto` copies them; every other unit is read and hashed where it lands in
-        ``buffer``, up to ``1 + READ_AHEAD`` at once: no unit buffer, no second copy. So when this
-        raises, ``buffer`` may hold bytes of a unit that did not match: it is for a caller that owns
-        ``buffer`` and drops it then (``read()`` returns its object only once every unit matched).
+        Units already held, and the unit the position lies inside, are copied from there; every
+        other unit is read and hashed where it lands in ``buffer``, up to :data:`HELD_UNITS` at
+        once: no unit held, no second copy. So when this raises, ``buffer`` may hold bytes of a
+        unit that did not match: it is for a caller that owns ``buffer`` and drops it then
+        (``read()`` returns its object only once every unit matched).
         """
-        self._check_open()
-        view = memoryview(buffer).cast("B")
-        base = self._position
-        if len(view) != max(0, self.entry.size - base):
-            raise ValueError(f"read_rest_into needs a buffer of {self.entry.size - base} bytes, not {len(view)}")
-        if self._passthrough is not None or not view:
-            return self.readinto(view)
-        read_ahead, self._read_ahead = self._read_ahead, False  # every unit to the end is read here
-        indexes = range(self._units.at(base), len(self._units))
         with self._lock:
+            self._check_open()
+            view = memoryview(buffer).cast("B")
+            base = self._position
+            if len(view) != max(0, self.entry.size - base):
+                raise ValueError(f"read_rest_into needs a buffer of {self.entry.size - base} bytes, not {len(view)}")
+            if self._spool is not None or not view:
+                return self.readinto(view)
+            indexes = range(self._units.at(base), len(self._units))
             in_place = [i for i in indexes if i not in self._held and self._units.range(i)[0] >= base]
-        stop = threading.Event()
+            stop = self._stops.new()
 
-        def one(index: int) -> None:
-            start, end = self._units.range(index)
-            try:
-                self._check(index, _hash_into(self.entry, start, view[start - base : end - base], stop))
-            except BaseException:
-                stop.set()  # the other units stop at their next piece
-                raise
-
-        pool = ThreadPoolExecutor(max(1, min(len(in_place), 1 + READ_AHEAD)), thread_name_prefix="integrity_fs-read")
-        try:
-            futures = [pool.submit(one, index) for index in in_place]
-            for index in (i for i in indexes if i not in in_place):
+            def one(index: int) -> None:
                 start, end = self._units.range(index)
-                self._position = max(base, start)
-                self.readinto(view[self._position - base : end - base])
-                self.release_before(end)
-            wait(futures)
-        except BaseException:  # a held unit that did not match, or Ctrl-C: the others stop
-            stop.set()
-            raise
-        finally:
-            pool.shutdown(wait=True)
-            self._read_ahead = read_ahead
-        failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
-        if failures:  # the failure itself, not a unit it stopped
-            raise next((e for e in failures if not isinstance(e, storage.Cancelled)), failures[0])
-        self._position = self._read_to = self._passed = self.entry.size
-        return len(view)
+                try:
+                    self._check(index, _hash_into(self.entry, start, view[start - base : end - base], stop))
+                except BaseException:
+                    stop.set()  # the other units stop at their next block
+                    raise
+
+            pool = ThreadPoolExecutor(max(1, min(len(in_place), HELD_UNITS)), thread_name_prefix="integrity_fs-read")
+            try:
+                futures = [pool.submit(one, index) for index in in_place]
+                for index in (i for i in indexes if i not in in_place):
+                    start, end = self._units.range(index)
+                    at = max(base, start)
+                    copy_out(view[at - base : end - base], self._verified(index, read_ahead=False), at - start)
+                wait(futures)
+            except BaseException:  # a held unit that did not match, or Ctrl-C: the others stop
+                stop.set()
+                raise
+            finally:
+                pool.shutdown(wait=True)
+                self._stops.done(stop)
+            failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
+            if failures:  # the failure itself, not a unit it stopped
+                failure = next((e for e in failures if not isinstance(e, storage.Cancelled)), failures[0])
+                raise self._closed_or(failure) if isinstance(failure, Exception) else failure
+            self._position = self.entry.size
+            return len(view)
 
     def close(self) -> None:
+        """Stop every read under way (readers waiting on one get ``ValueError``), then let go of
+        every unit and helper thread."""
         if self.closed:
             return
-        self._stop.set()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._stops.close()
         with self._lock:
-            for index in list(self._held):
-                self._drop(index)
-        if self._passthrough is not None:
-            self._passthrough.close()
-        super().close()
+            if self.closed:
+                return
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            self._held.clear()
+            if self._spool is not None:
+                self._spool.close()
+            super().close()
 
     def __enter__(self) -> VerifiedFile:
         return self
@@ -312,92 +336,95 @@ class VerifiedFile(io.RawIOBase):
     # --- units -------------------------------------------------------------------------------
 
     def release_before(self, position: int) -> None:
-        """The caller will read nothing before ``position`` again: units that end there can go."""
+        """The caller will read nothing before ``position`` again, and its next region of the file
+        starts there (perhaps after a look at the region's end, as ``torch.load`` takes): units that
+        end there can go, and reads from ``position`` on are read ahead (``dcp.load`` calls this
+        before each item)."""
         with self._lock:
-            for index in [i for i in self._held if self._units.range(i)[1] <= position and self._held[i].done()]:
+            for index in [i for i in self._held if self._units.range(i)[1] <= position]:
                 self._drop(index)
+            self._region = position
 
-    def _copy_from_unit(self, view: memoryview) -> int:
+    def _copy_from_unit(self, view: memoryview, *, read_ahead: bool) -> int:
         index = self._units.at(self._position)
         start, end = self._units.range(index)
-        data = self._unit(index).result()
-        offset = self._position - start
+        data = self._verified(index, read_ahead=read_ahead and self._read_ahead)
         n = min(len(view), end - self._position)
-        copy(view[:n], data[offset : offset + n])
+        copy_out(view[:n], data, self._position - start)
         return n
 
-    def _unit(self, index: int) -> Future[memoryview]:
-        """The verified bytes of unit ``index``: held, being read ahead, or read now (in this
-        thread); the next ones are read ahead first, so that they are hashed while this one is."""
-        with self._lock:
-            future = self._held.get(index)
-            if future is None:
-                future = Future()
-                self._make_room(index, demand=True)
-                self._held[index] = future
-                load_here = True
-            else:
-                load_here = False
-        if self._read_ahead:
+    def _verified(self, index: int, *, read_ahead: bool) -> bytes:
+        """The verified bytes of unit ``index``: held, being read ahead, or read now, in this
+        thread (after the next ones were sent to be read ahead, so that they are hashed while
+        this one is). A unit that fails is not kept: asked for again, it is read again."""
+        fetch = self._held.get(index)
+        here = fetch is None
+        if fetch is None:
+            self._make_room(index)
+            fetch = self._held[index] = _Fetch(Future(), self._stops.new())
+        if read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
-                self._ahead(ahead)
-        if load_here:
-            self._load(index, future)
-        return future
+                self._ahead(ahead, index)
+        if here:
+            self._load(index, fetch)
+        try:
+            return fetch.future.result()
+        except BaseException as exc:
+            if self._held.get(index) is fetch:
+                del self._held[index]
+            closed = self._closed_or(exc) if isinstance(exc, Exception) else exc
+            if closed is exc:
+                raise
+            raise closed from exc
 
-    def _ahead(self, index: int) -> None:
-        with self._lock:
-            if index in self._held or not self._make_room(index, demand=False):
+    def _load(self, index: int, fetch: _Fetch) -> None:
+        try:
+            fetch.future.set_result(self._read_unit(index, fetch.stop))
+        except BaseException as exc:
+            fetch.future.set_exception(exc)
+        finally:
+            self._stops.done(fetch.stop)
+
+    def _ahead(self, index: int, current: int) -> None:
+        """Read unit ``index`` ahead, if it has a place: a free one, or that of a unit done and
+        behind ``current`` (never one that may still be read next, nor the one being read)."""
+        if index in self._held:
+            return
+        if len(self._held) >= HELD_UNITS:
+            behind = sorted(i for i, f in self._held.items() if i < current and f.future.done())
+            if not behind:
                 return
-            future: Future[memoryview] = Future()
-            self._held[index] = future
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="integrity_fs-read")
-        self._pool.submit(self._load, index, future)
+            self._drop(behind[0])
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="integrity_fs-read")
+        fetch = self._held[index] = _Fetch(Future(), self._stops.new())
+        self._pool.submit(self._load, index, fetch)
 
-    def _make_room(self, index: int, *, demand: bool) -> bool:
-        """Make room for unit ``index`` (under the lock). Reading ahead only takes a free place, or
-        that of a unit read through in order (the reader went on past its end): it never pushes
-        out what may still be read. A unit asked for now first drops the unit furthest behind the
-        position, else the one furthest ahead (and is read even past the bound while the others
-        are still being read)."""
-        if len(self._held) < HELD_UNITS:
-            return True
-        done = [i for i in self._held if i != index and self._held[i].done()]
-        passed = [i for i in done if self._units.range(i)[1] <= self._passed]
-        if passed:
-            self._drop(min(passed))
-            return True
-        if not demand:
-            return False
-        if done:
-            here = self._units.at(self._position)
-            behind = [i for i in done if i < here]
-            self._drop(min(behind) if behind else max(done))
-        return True
+    def _make_room(self, index: int) -> None:
+        """Room for unit ``index``, asked for now: units behind it go first (done ones before those
+        still being read, lowest first), then the one furthest ahead (a read under way is stopped)."""
+        while len(self._held) >= HELD_UNITS:
+            behind = sorted(i for i in self._held if i < index)
+            if behind:
+                done = [i for i in behind if self._held[i].future.done()]
+                self._drop((done or behind)[0])
+            else:
+                self._drop(max(self._held))
 
     def _drop(self, index: int) -> None:
-        """Forget unit ``index`` (under the lock) and give its buffer back."""
-        future = self._held.pop(index)
-        if future.done() and future.exception() is None:
-            self._buffers.give(future.result())
+        """Forget unit ``index`` (its bytes live on while anything still refers to them); a read
+        still under way is stopped."""
+        self._held.pop(index).stop.set()
 
-    def _load(self, index: int, future: Future[memoryview]) -> None:
-        try:
-            future.set_result(self._read_unit(index))
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    def _read_unit(self, index: int) -> memoryview:
-        entry = self.entry
+    def _read_unit(self, index: int, stop: threading.Event) -> bytes:
         start, end = self._units.range(index)
-        buffer = self._buffers.take(end - start)
-        try:
-            self._check(index, _hash_into(entry, start, buffer, self._stop))
-        except BaseException:
-            self._buffers.give(buffer)
-            raise
-        return buffer
+        if _FILLABLE_BYTES and end - start >= 2:
+            data, view = _unfilled_bytes(end - start)
+            self._check(index, _hash_into(self.entry, start, view, stop))
+            return data  # never written to again
+        out = bytearray(end - start)
+        self._check(index, _hash_into(self.entry, start, memoryview(out), stop))
+        return bytes(out)
 
     def _check(self, index: int, digest: str) -> None:
         """Unit ``index`` hashed to ``digest``: counted when it matches the manifest, else an
@@ -410,26 +437,41 @@ class VerifiedFile(io.RawIOBase):
         self._count(end - start)
 
     def _count(self, n: int) -> None:
-        with self._lock:
+        with self._counted:
             self.bytes_verified += n
 
+    def _closed_or(self, exc: Exception) -> Exception:
+        """What a read stopped by ``close`` raises (``ValueError``, as for a closed file), else ``exc``."""
+        if self._stops.closing and isinstance(exc, storage.Cancelled):
+            return ValueError("I/O operation on a closed file (closed while it was read)")
+        return exc
+
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or self._stops.closing:
             raise ValueError("I/O operation on a closed file")
 
 
 #: Copies at least this long are made without holding the GIL (``ctypes.memmove`` releases it), so
-#: that the read-ahead thread hashes while the caller copies; shorter ones are a slice assignment.
+#: that the read-ahead threads hash while the caller copies; shorter ones are a slice assignment.
 UNLOCKED_COPY_MIN = 256 * 1024
 
 
-def copy(target: memoryview, source: memoryview) -> None:
-    """``target[:] = source`` (same length); a large copy releases the GIL while it runs."""
-    n = len(source)
-    if n < UNLOCKED_COPY_MIN or target.readonly:
-        target[:] = source
+def copy_out(target: memoryview, data: bytes, offset: int) -> None:
+    """``target[:] = data[offset : offset + len(target)]`` without an intermediate copy; a large
+    copy releases the GIL while it runs."""
+    n = len(target)
+    if offset < 0 or offset + n > len(data):
+        raise ValueError(f"{n} bytes from {offset} of a unit of {len(data)}")
+    if n < UNLOCKED_COPY_MIN or target.readonly or not isinstance(data, bytes):
+        target[:] = memoryview(data)[offset : offset + n]
         return
-    ctypes.memmove(_address(target), _address(source), n)
+    ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(target)), _bytes_address(data) + offset, n)
+
+
+def _bytes_address(data: bytes) -> int:
+    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    assert address is not None
+    return address
 
 
 def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
@@ -438,9 +480,7 @@ def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
     ``FileIO.readall`` does with ``PyBytes_FromStringAndSize(NULL, size)``. So a verified read
     returns the very bytes it hashed, without a copy. CPython only (:data:`_FILLABLE_BYTES`)."""
     data = _BYTES_NEW(None, size)
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    assert address is not None
-    return data, memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+    return data, memoryview((ctypes.c_char * size).from_address(_bytes_address(data))).cast("B")
 
 
 _FILLABLE_BYTES = sys.implementation.name == "cpython" and hasattr(ctypes, "pythonapi")
@@ -450,16 +490,23 @@ if _FILLABLE_BYTES:
     _BYTES_NEW.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
-def _address(view: memoryview) -> int:
-    if view.readonly:  # never a unit buffer (a bytearray): only the caller's, checked above
-        raise ValueError("read-only buffer")
-    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+@contextlib.contextmanager
+def _as_content(entry: Entry) -> Iterator[None]:
+    """A file shorter or longer than sealed, or gone, is an ``IntegrityError`` of the file."""
+    try:
+        yield
+    except storage.SizeChangedError as exc:
+        problem = Problem(entry.name, "size", expected=entry.size, actual=exc.size)
+        raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
+    except (FileNotFoundError, IsADirectoryError, storage.NotARegularFileError) as exc:
+        problem = Problem(entry.name, "missing", expected=entry.manifest.files[entry.name])
+        raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
 
 
 def _hash_into(entry: Entry, start: int, buffer: memoryview, stop: threading.Event) -> str:
     """The digest of ``len(buffer)`` bytes of the file from ``start``, read into ``buffer`` through
-    the guarded reader; a file that is shorter or longer than sealed is an ``IntegrityError``."""
-    try:
+    the guarded reader."""
+    with _as_content(entry):
         return storage.hash_range(
             entry.fs,
             entry.path,
@@ -471,67 +518,89 @@ def _hash_into(entry: Entry, start: int, buffer: memoryview, stop: threading.Eve
             stop=stop,
             into=buffer,
         )
-    except storage.SizeChangedError as exc:
-        problem = Problem(entry.name, "size", expected=entry.size, actual=exc.size)
-        raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
-    except (FileNotFoundError, IsADirectoryError, storage.NotARegularFileError) as exc:
-        problem = Problem(entry.name, "missing", expected=entry.manifest.files[entry.name])
-        raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
 
 
-class _Passthrough:
-    """A file too large to hold whole: verified first (one pinned pass), then served by reads
-    pinned to the same version. Local reads check the identity after each read, before its
-    bytes are returned; S3 and GCS refuse another version on every request."""
+class _Spool:
+    """A file of file granularity too large to hold: read once through the guarded reader, hashed
+    and written as it is read to an unlinked temporary file of this process (in ``TMPDIR``), then
+    served from there once it matched. The spool is private, so what is served is what was hashed."""
 
-    def __init__(self, entry: Entry, stop: threading.Event, count: Callable[[int], None]) -> None:
-        self._entry, self._stop, self._count = entry, stop, count
-        self._verified = False
-        self._reader: storage.Range | None = None
-        self._at = -1  # the position the open reader is at
+    def __init__(self, entry: Entry, stops: _Stops, count: Callable[[int], None]) -> None:
+        self._entry, self._stops, self._count = entry, stops, count
+        self._file: Any = None  # the spool, once its bytes verified
 
     def readinto(self, view: memoryview, position: int) -> int:
-        if not self._verified:
-            self._verify()
-        if self._reader is None or self._at != position:
-            self.close()
-            entry = self._entry
-            self._reader = storage.open_range(
-                entry.fs, entry.path, position, entry.size - position, version=entry.version, stop=self._stop
-            )
-            self._at = position
-        n = self._reader.readinto(view[: self._entry.size - position])
-        self._reader.check_version()
-        if not n:
-            raise IntegrityError(
-                Report(problems=(Problem(self._entry.name, "size", self._entry.size, position),)), self._entry.location
-            )
-        self._at += n
-        return n
+        if self._file is None:
+            self._file = self._fill()
+        want = view[: self._entry.size - position]
+        return int(os.preadv(self._file.fileno(), (want,), position)) if _PREADV else self._read(want, position)
 
-    def _verify(self) -> None:
+    def _read(self, want: memoryview, position: int) -> int:
+        self._file.seek(position)
+        return int(self._file.readinto(want))
+
+    def _fill(self) -> Any:
         entry = self._entry
+        spool = tempfile.TemporaryFile(prefix="integrity_fs-spool-", buffering=0)  # noqa: SIM115  # kept until close
+        stop = self._stops.new()
         try:
-            digest = storage.hash_range(
-                entry.fs,
-                entry.path,
-                entry.manifest.algorithm,
-                0,
-                entry.size,
-                file_size=entry.size,
-                version=entry.version,
-                stop=self._stop,
-            )
-        except storage.SizeChangedError as exc:
-            problem = Problem(entry.name, "size", expected=entry.size, actual=exc.size)
-            raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
-        expected = entry.manifest.files[entry.name]
-        if digest != expected:
-            raise IntegrityError(Report(problems=(Problem(entry.name, "mismatch", expected, digest),)), entry.location)
-        self._verified = True
+            with _as_content(entry), _spooling(entry):
+                digest = storage.hash_range(
+                    entry.fs,
+                    entry.path,
+                    entry.manifest.algorithm,
+                    0,
+                    entry.size,
+                    file_size=entry.size,
+                    version=entry.version,
+                    stop=stop,
+                    extra=lambda: [_SpoolWriter(spool)],
+                )
+            expected = entry.manifest.files[entry.name]
+            if digest != expected:
+                problem = Problem(entry.name, "mismatch", expected, digest)
+                raise IntegrityError(Report(problems=(problem,)), entry.location)
+        except BaseException:
+            spool.close()
+            raise
+        finally:
+            self._stops.done(stop)
         self._count(entry.size)
+        return spool
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+_PREADV = hasattr(os, "preadv")
+
+
+class _SpoolWriter:
+    """Writes the bytes of one read attempt to the spool from its start (a retry starts again)."""
+
+    def __init__(self, spool: Any) -> None:
+        self._spool = spool
+        spool.seek(0)
+        spool.truncate()
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._spool.write(view) :]
+
+
+@contextlib.contextmanager
+def _spooling(entry: Entry) -> Iterator[None]:
+    """A spool that cannot be written (a full ``TMPDIR``) says what it is and how to avoid it."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise type(exc)(
+            exc.errno,
+            f"cannot spool {printable(entry.name)} ({entry.size} bytes) to {tempfile.gettempdir()} to verify it "
+            f"before serving it: {exc.strerror} (set TMPDIR to a disk with room, or seal with granularity='chunk')",
+        ) from exc

@@ -137,11 +137,12 @@ def test_open_checks_the_signature_first(tmp_path: Path) -> None:
         ifs.open(tmp_path, "w.bin", public_key=pem)
 
 
-def test_a_large_file_of_file_granularity_is_verified_first_then_served_pinned(
+def test_a_large_file_of_file_granularity_is_read_once_and_served_as_it_verified(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Too large to hold: one verifying pass, then a second read of the same version. A rewrite
-    between the two (mtime put back) is refused before any of its bytes is returned."""
+    """Too large to hold: one read, hashed and spooled; what is served comes from the spool. A
+    rewrite after that read (mtime put back) changes nothing that is served; a damaged file serves
+    nothing at all."""
     from integrity_fs import read
 
     monkeypatch.setattr(read, "WHOLE_FILE_LIMIT", CHUNK)
@@ -149,20 +150,187 @@ def test_a_large_file_of_file_granularity_is_verified_first_then_served_pinned(
     ifs.seal(tmp_path)
     with ifs.open(tmp_path, "w.bin") as f:
         assert f.read(100) == DATA[:100] and f.bytes_verified == len(DATA)
-        assert f.read() == DATA[100:]
-    with ifs.open(tmp_path, "w.bin") as f:
-        first = f.read(100)
         stat = os.stat(tmp_path / "w.bin")
         with open(tmp_path / "w.bin", "r+b") as raw:
             raw.seek(CHUNK * 4)
             raw.write(b"\0" * 10)
         os.utime(tmp_path / "w.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # `touch -r`: mtime as it was
-        with pytest.raises(FileChangedError, match=r"w\.bin changed while it was read"):
-            f.read()
-    assert first == DATA[:100]
+        assert f.read() == DATA[100:]
+        f.seek(0)
+        assert f.read() == DATA and f.bytes_verified == len(DATA)  # the file was read once
     (tmp_path / "w.bin").write_bytes(DATA[:100] + b"x" + DATA[101:])
     with ifs.open(tmp_path, "w.bin") as f, pytest.raises(IntegrityError, match="mismatch"):
-        f.read(1)  # the verifying pass comes first: nothing of a damaged file is returned
+        f.read(1)  # the whole file verifies before any byte of it is returned
+
+
+def test_a_writers_shared_mapping_cannot_change_what_a_large_file_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's MAP_SHARED mapping whose page is already dirty changes bytes without moving
+    mtime or ctime: no identity check can see it. The file is read once, so it does not matter."""
+    import mmap
+
+    from integrity_fs import read
+
+    monkeypatch.setattr(read, "WHOLE_FILE_LIMIT", CHUNK)
+    (tmp_path / "w.bin").write_bytes(DATA)
+    ifs.seal(tmp_path)
+    with open(tmp_path / "w.bin", "r+b") as raw, mmap.mmap(raw.fileno(), 0) as mapped:
+        offset = CHUNK * 4
+        mapped[offset] = DATA[offset]  # the writer's first store: the page is now writable and dirty, bytes as sealed
+        with ifs.open(tmp_path, "w.bin") as f:
+            assert f.read(100) == DATA[:100]
+            before = os.stat(tmp_path / "w.bin")
+            mapped[offset + 1] = DATA[offset + 1] ^ 0xFF  # no fault, no new mtime or ctime
+            after = os.stat(tmp_path / "w.bin")
+            assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+            assert f.read() == DATA[100:]  # the bytes that verified, not the writer's
+
+
+def test_a_large_file_read_through_a_cache_is_never_read_twice(s3_backend: Backend, tmp_path: Path) -> None:
+    """Through ``filecache::`` a second read would fetch again whatever the bucket holds then: a
+    replaced object must never be served after the sealed one verified."""
+    from integrity_fs import read
+
+    s3_backend.write("w.bin", DATA)
+    ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
+    options = {"s3": s3_backend.storage_options, "filecache": {"cache_storage": str(tmp_path / "cache")}}
+    url = f"filecache::{s3_backend.url}"
+    replaced = DATA[: CHUNK * 3] + bytes(len(DATA) - CHUNK * 3)  # same size
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(read, "WHOLE_FILE_LIMIT", CHUNK)
+        with ifs.open(url, "w.bin", storage_options=options) as f:
+            assert f.read(100) == DATA[:100]
+            _replace_by_another_client(s3_backend, "w.bin", replaced)()
+            for cached in (tmp_path / "cache").iterdir():  # the cache forgets it: a read now fetches the new object
+                cached.unlink()
+            f.seek(CHUNK * 3)
+            assert f.read() == DATA[CHUNK * 3 :]
+
+
+#: Units of these tests: large enough that copying one out takes as long as reading the next one ahead.
+BIG_CHUNK = 256 * 1024
+
+
+def _look_at_the_end(f: ifs.VerifiedFile) -> None:
+    """What ``torch.load`` and ``zipfile`` do first: read the end of the file, in two reads."""
+    f.seek(-100, os.SEEK_END)
+    f.read(50)
+    f.read(50)
+    f.seek(0)
+
+
+def test_the_end_then_the_start_returns_each_units_own_bytes(backend: Backend) -> None:
+    """Look at the end, then read from the start in pieces: each piece must be the file's bytes
+    at its place, run after run, and each unit is read once."""
+    data = random.Random(3).randbytes(10 * BIG_CHUNK)
+    _sealed_chunks(backend, data)
+    for piece in (BIG_CHUNK // 3, BIG_CHUNK, 3 * BIG_CHUNK):
+        for _ in range(4):
+            with _open(backend) as f:
+                _look_at_the_end(f)
+                assert b"".join(iter(lambda f=f, piece=piece: f.read(piece), b"")) == data
+                assert f.bytes_verified == len(data)  # and each unit was read once, the last one first
+
+
+def test_a_damaged_unit_is_never_served_after_a_look_at_the_end(backend: Backend) -> None:
+    data = random.Random(4).randbytes(10 * BIG_CHUNK)
+    _sealed_chunks(backend, data)
+    backend.corrupt("w.bin", BIG_CHUNK * 6 + 5)
+    for _ in range(6):
+        got = bytearray()
+        with _open(backend) as f, pytest.raises(IntegrityError, match=r"w\.bin: mismatch in bytes"):
+            _look_at_the_end(f)
+            while block := f.read(BIG_CHUNK):
+                got += block
+        assert bytes(got) == data[: BIG_CHUNK * 6]  # every chunk before the damaged one, nothing of it
+
+
+def test_a_damaged_unit_is_never_served_after_a_read_far_ahead_and_a_seek_back(backend: Backend) -> None:
+    data = random.Random(4).randbytes(10 * BIG_CHUNK)
+    _sealed_chunks(backend, data)
+    backend.corrupt("w.bin", BIG_CHUNK * 2 + 5)
+    for _ in range(3):
+        with _open(backend) as f:
+            f.seek(BIG_CHUNK * 6)
+            assert f.read(BIG_CHUNK) == data[BIG_CHUNK * 6 : BIG_CHUNK * 7]  # chunks 7 and 8 are read ahead
+            f.seek(BIG_CHUNK)
+            assert f.read(BIG_CHUNK) == data[BIG_CHUNK : BIG_CHUNK * 2]
+            with pytest.raises(IntegrityError, match=r"w\.bin: mismatch in bytes 524288-786431"):
+                f.read()
+            f.seek(BIG_CHUNK * 2)
+            with pytest.raises(IntegrityError):
+                f.read(10)
+
+
+def _sealed_chunks(backend: Backend, data: bytes) -> None:
+    backend.write("w.bin", data)
+    ifs.seal(backend.url, storage_options=backend.storage_options, granularity="chunk", chunk_size=BIG_CHUNK)
+
+
+def test_zip_members_read_in_random_order_are_the_members(tmp_path: Path) -> None:
+    import zipfile
+
+    members = {f"m{i}.bin": random.Random(i).randbytes(random.Random(i).randrange(1, 3 * CHUNK)) for i in range(12)}
+    with zipfile.ZipFile(tmp_path / "a.zip", "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=CHUNK)
+    order = list(members)
+    for seed in range(10):
+        random.Random(seed).shuffle(order)
+        with ifs.open(tmp_path, "a.zip") as f, zipfile.ZipFile(f) as archive:
+            for name in order:
+                assert archive.read(name) == members[name]
+
+
+def test_two_threads_sharing_one_file_each_get_whole_pieces_of_it(tmp_path: Path) -> None:
+    """One lock serialises the methods, as ``io.BufferedReader``'s does: each read of one thread
+    is a whole piece of the file, and the pieces of both threads are the file, once each."""
+    piece = 10_000
+    data = random.Random(5).randbytes(piece * 40)
+    (tmp_path / "w.bin").write_bytes(data)
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=CHUNK)
+    for _ in range(5):
+        got: list[list[bytes]] = [[], []]
+        with ifs.open(tmp_path, "w.bin") as f:
+
+            def reader(out: list[bytes], f: ifs.VerifiedFile = f) -> None:
+                while block := f.read(piece):
+                    out.append(block)
+
+            threads = [threading.Thread(target=reader, args=(out,)) for out in got]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+        pieces = sorted(got[0] + got[1], key=data.index)
+        assert b"".join(pieces) == data
+
+
+@pytest.mark.parametrize("how", ["read", "readall"])
+def test_close_while_another_thread_waits_on_a_read(s3_backend: Backend, how: str) -> None:
+    """``close`` stops the reads under way: the waiting thread gets the bytes or ``ValueError``,
+    never other bytes, and nothing is left running."""
+    data = random.Random(6).randbytes(40 * CHUNK)
+    _sealed(s3_backend, files={"w.bin": data})
+    for _ in range(5):
+        outcome: list[object] = []
+        f = _open(s3_backend)
+
+        def read_all() -> None:
+            try:
+                outcome.append(f.read() if how == "readall" else b"".join(iter(lambda: f.read(CHUNK), b"")))
+            except ValueError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=read_all)
+        thread.start()
+        f.close()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        assert outcome and (outcome[0] == data or isinstance(outcome[0], ValueError)), outcome
+    assert not [t for t in threading.enumerate() if t.name.startswith("integrity_fs-read")]
 
 
 # --- pinned reads: one version of each file ---------------------------------------------------------

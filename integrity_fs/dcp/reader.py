@@ -25,7 +25,7 @@ from ..collectives import INSTALL_HINT
 from ..errors import IntegrityError, ManifestNotFoundError
 from ..manifest import Manifest
 from ..manifests import manifest_in_use
-from ..read import Buffers, Entry, VerifiedFile
+from ..read import Entry, VerifiedFile
 from ..report import Problem, Report, printable
 from ..verify import Prepared, check_covered, plan_verification, verify_options
 
@@ -130,7 +130,6 @@ class VerifiedFileSystem(_FsspecFileSystem):
         self.fs = fs
         self._root = root.rstrip("/") + "/"
         self._checkpoint = checkpoint
-        self._buffers = Buffers()
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -149,7 +148,7 @@ class VerifiedFileSystem(_FsspecFileSystem):
             entry = Entry(
                 self.fs, full, name, size, checkpoint.versions.get(name), prepared.manifest, prepared.location
             )
-            with VerifiedFile(entry, buffers=self._buffers) as stream:
+            with VerifiedFile(entry) as stream:
                 try:
                     yield stream
                 finally:
