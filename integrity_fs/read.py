@@ -14,7 +14,10 @@ into a unit from where its last read ended (or starts a region, see
 :meth:`VerifiedFile.release_before`), not when it looks at the end of a file before its start
 (``torch.load`` reads a zip's directory first). Read-ahead takes only a free place or that of a unit
 behind the one being read; a unit asked for drops units behind it first, then the one furthest
-ahead. So a file read in order is read once, and so is one whose end is read first.
+ahead. So a file read in order is read once, and so is one whose end is read first. Through a
+caching layer (``filecache::…``) units are read one at a time, on the caller's thread: fsspec's
+caches are filled by the first thread that opens a file and may serve it to another before it is
+whole.
 One lock serialises the file's methods, as ``io.BufferedReader`` does, so one object can be
 shared between threads; ``close`` stops every read under way first, so no waiter is left blocked.
 
@@ -192,7 +195,10 @@ class VerifiedFile(io.RawIOBase):
         self._held: dict[int, _Fetch] = {}
         self._stops = _Stops()
         self._pool: ThreadPoolExecutor | None = None
-        self._read_ahead = read_ahead and len(self._units) > 1
+        # Through a caching layer, one read at a time: fsspec's caches are filled by the first
+        # thread to open a file and may serve it to another before it is whole.
+        self._serial = storage.beneath_caches(entry.fs) is not entry.fs
+        self._read_ahead = read_ahead and len(self._units) > 1 and not self._serial
         self._last_end = 0  # where the last read ended
         self._region = 0  # where the caller's current region of the file starts (see release_before)
         self._counted = threading.Lock()
@@ -292,7 +298,8 @@ class VerifiedFile(io.RawIOBase):
                     stop.set()  # the other units stop at their next block
                     raise
 
-            pool = ThreadPoolExecutor(max(1, min(len(in_place), HELD_UNITS)), thread_name_prefix="integrity_fs-read")
+            at_once = 1 if self._serial else HELD_UNITS
+            pool = ThreadPoolExecutor(max(1, min(len(in_place), at_once)), thread_name_prefix="integrity_fs-read")
             try:
                 futures = [pool.submit(one, index) for index in in_place]
                 for index in (i for i in indexes if i not in in_place):

@@ -10,6 +10,7 @@ import io
 import os
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -522,6 +523,38 @@ def test_open_through_a_cache_hashes_the_bytes_as_served(s3_backend: Backend, tm
     cached[0].write_bytes(bytes(data))
     with ifs.open(url, "w.bin", storage_options=options) as f, pytest.raises(IntegrityError, match="mismatch"):
         f.read()
+
+
+@pytest.mark.parametrize("layer", ["filecache", "simplecache"])
+def test_a_cache_is_filled_once_by_one_thread(
+    s3_backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layer: str
+) -> None:
+    """fsspec's whole-file caches are not safe to fill from several threads: each thread that
+    opens a file not cached yet downloads it again into the same cache file, which the others may
+    be reading meanwhile. Under load that made a good object read through ``filecache::`` look
+    damaged. So reads through a cache go one at a time: the file is downloaded once, and no
+    download ever runs beside another (each one here takes a while, so any overlap would show)."""
+    _sealed(s3_backend)
+    download = s3_backend.fs.get_file  # the store the cache fills from (fsspec's instance cache: the same object)
+    running, seen = [0], []
+    lock = threading.Lock()
+
+    def slow_download(rpath: str, lpath: str, **kwargs: Any) -> Any:
+        with lock:
+            running[0] += 1
+            seen.append(running[0])
+        try:
+            time.sleep(0.5)
+            return download(rpath, lpath, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(s3_backend.fs, "get_file", slow_download)
+    options = {"s3": s3_backend.storage_options, layer: {"cache_storage": str(tmp_path / "cache")}}
+    with ifs.open(f"{layer}::{s3_backend.url}", "w.bin", storage_options=options) as f:
+        assert f.read() == DATA
+    assert seen == [1]
 
 
 # --- read-ahead and stops ------------------------------------------------------------------------------
