@@ -319,13 +319,13 @@ def test_close_while_another_thread_waits_on_a_read(s3_backend: Backend, how: st
         outcome: list[object] = []
         f = _open(s3_backend)
 
-        def read_all() -> None:
+        def read_all(f: ifs.VerifiedFile, outcome: list[object]) -> None:
             try:
                 outcome.append(f.read() if how == "readall" else b"".join(iter(lambda: f.read(CHUNK), b"")))
             except ValueError as exc:
                 outcome.append(exc)
 
-        thread = threading.Thread(target=read_all)
+        thread = threading.Thread(target=read_all, args=(f, outcome))
         thread.start()
         f.close()
         thread.join(timeout=60)

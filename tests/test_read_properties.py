@@ -173,9 +173,7 @@ def test_random_seeks_and_reads_return_the_files_bytes(sealed: dict[str, Sealed]
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_random_seeks_and_reads_of_the_streams_dcp_loads(
-    sealed: dict[str, Sealed], where: str, tmp_path: Path
-) -> None:
+def test_random_seeks_and_reads_of_the_streams_dcp_loads(sealed: dict[str, Sealed], where: str, tmp_path: Path) -> None:
     """The streams ``VerifyingFsspecReader`` hands DCP, each file of a sealed checkpoint."""
     pytest.importorskip("torch")
     from integrity_fs.dcp import VerifyingFsspecReader
