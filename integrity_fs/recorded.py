@@ -5,12 +5,13 @@ A record says: when integrity_fs read or wrote every byte of the file ``name``, 
 ``digest`` (the manifest's digest of the file, under the sidecar's hashing) and also gave the
 values in ``checksums``, which equalled the store's own checksums of that object. A record is a
 fact about bytes: it attests a file only while the manifest still gives the file that digest and
-the store still shows that checksum for it, so a stale record (an object replaced, a manifest
-sealed again, a sidecar copied to another store) simply matches nothing.
+the store still shows that version of the object with that checksum, so a stale record (an object
+replaced, a manifest sealed again, a sidecar copied to another store) simply matches nothing.
 
 The sidecar (``_integrity_store_checksums.json`` at the root) is never content, never part of
-the manifest and never signed: with a public key only the store's SHA-256 compared with the
-signed digests attests (see ``verify``). Pure: no fsspec, no I/O (``storage.checksums`` reads
+the manifest and never signed: anyone who can write to the bucket can write it. So it is used only
+with the root's own manifest, which such a writer could rewrite as well; with a public key or an
+external manifest only the store's SHA-256 compared with the trusted digests attests (see ``verify``). Pure: no fsspec, no I/O (``storage.checksums`` reads
 and writes it).
 """
 
@@ -109,8 +110,13 @@ class Record:
 
     def attests(self, digest: str, size: int, state: ObjectState | None, kinds: tuple[str, ...]) -> str | None:
         """The checksum (strongest first, among ``kinds``) that shows the object is still the
-        one recorded, for a file the manifest gives ``digest`` and ``size``; ``None`` if none does."""
-        if state is None or digest != self.digest or size != self.size:
+        one recorded, for a file the manifest gives ``digest`` and ``size``; ``None`` if none does.
+
+        The object must still be the version recorded (S3's ETag, GCS's generation): a replaced
+        object attests nothing even when its checksum matches (a CRC is easy to match on purpose)."""
+        if state is None or state.version is None or state.version != self.version:
+            return None
+        if digest != self.digest or size != self.size:
             return None
         for kind in kinds:
             want, now = self.checksums.get(kind), state.checksums.get(kind)

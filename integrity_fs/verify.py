@@ -42,6 +42,7 @@ __all__ = [
     "finish_verification",
     "plan_verification",
     "prepare",
+    "trusts_records",
     "verify",
     "verify_options",
     "whole_files",
@@ -209,16 +210,24 @@ def prepare(
     ``versions`` and ``states`` receive the listing's versions and store checksums otherwise).
 
     The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
-    For an attested verification without a key, the recorded store checksums are read too (with
-    a key only the store's SHA-256 attests: the signature does not cover the records).
+    For an attested verification against the root's own manifest, the recorded store checksums
+    are read too. With a key or an external manifest they are not (see :func:`trusts_records`).
     """
     manifest, listing, kind = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions, states=states)
     plan = plan_verification(manifest, listing, strict=options.strict, quick=options.quick)
     records = None
     listed = states is None or CHECKSUMS_FILENAME in states  # a listing made here shows the sidecar
-    if options.attested and not options.quick and options.key is None and storage.keeps_checksums(fs) and listed:
+    if options.attested and not options.quick and trusts_records(options) and storage.keeps_checksums(fs) and listed:
         records = storage.read_records(fs, root)
     return Prepared(manifest, plan, storage.describe(fs, root), kind, records)
+
+
+def trusts_records(options: VerifyOptions) -> bool:
+    """Whether the sidecar of recorded store checksums may attest files: only against the root's
+    own manifest without a key. Whoever can write the bucket can write the sidecar, and could
+    rewrite that manifest too; a signature or an external manifest is trusted beyond the bucket,
+    so there only the store's SHA-256 compared with its digests attests."""
+    return options.key is None and options.manifest is None
 
 
 def manifest_and_listing(

@@ -446,6 +446,75 @@ def test_a_sidecar_that_does_not_match_attests_nothing(store: Backend, caplog: p
     assert any(SIDECAR in r.getMessage() for r in caplog.records)
 
 
+def _forge_sidecar(store: Backend, trusted: integrity_fs.Manifest) -> None:
+    """What an attacker with write access to the bucket can do: damage a file, record the store's
+    checksums of the damaged bytes (a seal of its own does that), and set each record's digest
+    to the trusted one, which is no secret."""
+    damaged = bytearray(PLAIN["model.bin"])
+    damaged[6 * MIB] ^= 1
+    _write_plain(store, {"model.bin": bytes(damaged)})
+    integrity_fs.seal(store.url, storage_options=store.storage_options, overwrite=True)
+    raw = json.loads(store.read(SIDECAR))
+    for name, record in raw["files"].items():
+        record["digest"] = trusted.files[name]
+    store.write(SIDECAR, json.dumps(raw).encode())
+
+
+def test_a_forged_sidecar_attests_nothing_against_an_external_manifest(
+    store: Backend, tmp_path: object, server_log: pytest.LogCaptureFixture
+) -> None:
+    """A manifest kept outside the bucket is trusted beyond whoever can write the bucket: the
+    sidecar they can forge attests nothing against it. The damaged file is read and fails."""
+    _write_plain(store, PLAIN)
+    trusted = integrity_fs.seal(store.url, storage_options=store.storage_options)
+    kept = os.path.join(os.fspath(tmp_path), "trusted.json")  # type: ignore[call-overload]
+    with open(kept, "wb") as f:
+        f.write(trusted.to_json())
+    _forge_sidecar(store, trusted)
+    server_log.clear()
+    with pytest.raises(integrity_fs.IntegrityError) as err:
+        _verify(store, attested=True, manifest=kept)
+    assert [(p.path, p.kind) for p in err.value.report.problems] == [("model.bin", "mismatch")]
+    assert err.value.report.files_attested == 0
+    assert f"/{store.root}/model.bin" in _object_gets(server_log.records, store)
+    with pytest.raises(integrity_fs.IntegrityError):
+        _verify(store, attested=True, manifest=trusted)  # a Manifest object alike
+
+
+def test_a_forged_sidecar_attests_nothing_with_a_key(store: Backend) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    _write_plain(store, PLAIN)
+    trusted = integrity_fs.seal(store.url, storage_options=store.storage_options)
+    integrity_fs.sign(store.url, storage_options=store.storage_options, private_key=key)
+    signature = store.read(integrity_fs.SIGNATURE_FILENAME)
+    _forge_sidecar(store, trusted)
+    store.write(integrity_fs.MANIFEST_FILENAME, trusted.to_json())  # the forger puts the sealed manifest back
+    store.write(integrity_fs.SIGNATURE_FILENAME, signature)  # and the signature a seal of its own removed
+    with pytest.raises(integrity_fs.IntegrityError) as err:
+        _verify(store, attested=True, public_key=key.public_key())
+    assert [(p.path, p.kind) for p in err.value.report.problems] == [("model.bin", "mismatch")]
+
+
+def test_a_record_of_another_version_attests_nothing(
+    gcs_backend: Backend, server_log: pytest.LogCaptureFixture
+) -> None:
+    """A record names the object's version (GCS's generation): an object written again, even with
+    the same bytes and so the same checksums, is read again before it is attested again."""
+    store = gcs_backend
+    _write_plain(store, PLAIN)
+    integrity_fs.seal(store.url, storage_options=store.storage_options)
+    _write_plain(store, {"model.bin": PLAIN["model.bin"]})  # a new generation, the same MD5 and CRC32C
+    server_log.clear()
+    report = _verify(store, attested=True)
+    assert report.ok and "model.bin" not in report.attested_by
+    assert set(_object_gets(server_log.records, store)) == {f"/{store.root}/model.bin"}
+    server_log.clear()
+    again = _verify(store, attested=True)  # recorded anew by the read
+    assert again.attested_by.get("model.bin") == "md5" and _object_gets(server_log.records, store) == []
+
+
 def test_a_refused_write_of_the_sidecar_never_fails_the_verify(
     store: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
