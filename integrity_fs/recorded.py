@@ -11,8 +11,8 @@ replaced, a manifest sealed again, a sidecar copied to another store) simply mat
 The sidecar (``_integrity_store_checksums.json`` at the root) is never content, never part of
 the manifest and never signed: anyone who can write to the bucket can write it. So it is used only
 with the root's own manifest, which such a writer could rewrite as well; with a public key or an
-external manifest only the store's SHA-256 compared with the trusted digests attests (see ``verify``). Pure: no fsspec, no I/O (``storage.checksums`` reads
-and writes it).
+external manifest only the store's SHA-256 compared with the trusted digests attests (see
+``verify``). Pure: no fsspec, no I/O (``storage.checksums`` reads and writes it).
 """
 
 from __future__ import annotations
