@@ -287,6 +287,29 @@ def test_on_a_store_without_versions_a_file_that_changed_size_is_a_size_problem(
     fs.rm(root, recursive=True)
 
 
+def test_a_backend_that_lists_no_version_is_read_unpinned_and_says_so(tmp_path, caplog):
+    """A checkpoint inside a zip archive: fsspec's ZipFileSystem lists no ETag, generation or
+    modification time. Its files verify and open as hashed, and the lack of a pin is a WARNING,
+    once per filesystem, never silence."""
+    import zipfile
+
+    root = tmp_path / "step_1"
+    root.mkdir()
+    data = os.urandom(300_000)
+    (root / "w.bin").write_bytes(data)
+    ifs.seal(root, granularity="chunk", chunk_size=65536)
+    with zipfile.ZipFile(tmp_path / "run.zip", "w") as archive:
+        for path in root.iterdir():
+            archive.write(path, f"step_1/{path.name}")
+    fs = fsspec.filesystem("zip", fo=str(tmp_path / "run.zip"), skip_instance_cache=True)
+    with caplog.at_level(logging.WARNING, logger="integrity_fs"):
+        assert ifs.verify("step_1", fs=fs).bytes_checked == len(data)
+        with ifs.open("step_1", "w.bin", fs=fs) as f:
+            assert f.read() == data
+    warnings = [r for r in caplog.records if "lists no version" in r.getMessage()]
+    assert len(warnings) == 1 and "ZipFileSystem" in warnings[0].getMessage()
+
+
 def test_an_empty_file_that_grew_after_the_listing_is_a_file_changed_error(tmp_path):
     (tmp_path / "empty.bin").write_bytes(b"")
     ifs.seal(tmp_path)

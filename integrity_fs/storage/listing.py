@@ -4,7 +4,8 @@ whether a path exists. Every answer comes from the store, never from a listing c
 A file's *version* is what its reads are pinned to (see :mod:`.read`): on S3 the ETag, on GCS
 the generation, on local disks the identity of the file (device, inode, size and the
 modification and change times in nanoseconds), elsewhere whatever the backend lists that
-changes when a file is rewritten (a modification time), or ``""`` when it lists nothing.
+changes when a file is rewritten (a modification time), or :data:`UNKNOWN_VERSION` when it
+lists nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .urls import describe, is_local
 __all__ = [
     "LEFT_BY_WRITE",
     "NOT_CONTENT",
+    "UNKNOWN_VERSION",
     "Version",
     "check_no_clashes",
     "check_root",
@@ -61,13 +63,20 @@ Version = str | int
 _STAMP_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "updated", "last_modified", "created")
 
 
+#: The version of a file whose backend lists nothing that changes when it is rewritten (an
+#: archive, some HTTP servers): its reads cannot be pinned, and a check against it never passes
+#: silently (see :mod:`.read`).
+UNKNOWN_VERSION = "unknown"
+
+
 def stamp_of(info: dict[str, Any]) -> str:
-    """What in an fsspec info dict changes when the file is rewritten (``""``: nothing listed).
+    """What in an fsspec info dict changes when the file is rewritten (:data:`UNKNOWN_VERSION`:
+    nothing listed).
 
     Times are compared as POSIX timestamps: some backends list a float and answer ``info`` with
     a ``datetime`` for the same moment.
     """
-    value = next((info[key] for key in _STAMP_KEYS if info.get(key) is not None), "")
+    value = next((info[key] for key in _STAMP_KEYS if info.get(key) is not None), UNKNOWN_VERSION)
     if isinstance(value, datetime.datetime):
         value = value.timestamp()
     return str(value)

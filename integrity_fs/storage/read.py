@@ -5,7 +5,8 @@ Each read is pinned to the version of the file that the operation's listing saw:
 request carries ``IfMatch`` with the listed ETag, on GCS ``ifGenerationMatch`` with the listed
 generation, on local disks the file's identity is checked on the open descriptor before its
 first byte is used and after its last; elsewhere the listed modification stamp is compared after
-the read. A file whose version changed raises ``FileChangedError``. A range that ends at the
+the read (a backend that lists none gets a WARNING: its reads cannot be pinned). A file whose
+version changed raises ``FileChangedError``. A range that ends at the
 end of its file confirms that the file ends there (``FileGrewError`` otherwise). Transient
 failures are retried, a stop (Ctrl-C, another worker's failure) ends a read within a block or
 a poll of the event loop, and backend exceptions become ``OSError``.
@@ -18,6 +19,7 @@ import errno
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -30,7 +32,7 @@ from ..hashing import ALGORITHMS, READ_SIZES, new_hasher
 from . import gcs, s3
 from .calls import READ_ATTEMPTS, check_stop, close_stream, on_loop, read_attempts, read_block, retried
 from .errors import FileGrewError, ShortReadError, SizeChangedError, storage_errors
-from .listing import Version, forget_cached, stamp_of
+from .listing import UNKNOWN_VERSION, Version, forget_cached, stamp_of
 from .local import LocalRange, digest_small_file, open_file, read_small
 from .urls import describe, is_local
 
@@ -104,7 +106,7 @@ def open_range(
     """
     if is_local(fs):
         return LocalRange(path, offset, length, file_size=file_size, version=version)
-    pin = str(version) if version else None
+    pin = str(version) if version and version != UNKNOWN_VERSION else None
     if s3.is_s3(fs):
         stream: Any = s3.RangeStream(fs, path, offset, offset + length, pin)
     elif gcs.is_gcs(fs):
@@ -153,6 +155,8 @@ class _StreamRange:
     def check_version(self) -> None:
         if self._version is None:
             return  # pinned on every request by the store itself (S3, GCS), or nothing to pin to
+        if self._version == UNKNOWN_VERSION:
+            return _unpinned(self._fs)
         info = on_loop(self._fs, self._fs._info(self.path), self._stop)
         if stamp_of(info) != self._version:
             raise _changed(self._fs, self.path, self._version, stamp_of(info))
@@ -212,6 +216,8 @@ class _FileRange:
     def check_version(self) -> None:
         if self._version is None:
             return
+        if self._version == UNKNOWN_VERSION:
+            return _unpinned(self._fs)
         forget_cached(self._fs, self.path)
         now = stamp_of(self._fs.info(self.path))
         if now != self._version:
@@ -264,6 +270,21 @@ class _AsyncRange:
     async def close(self) -> None:
         if self._stream is not None:
             await self._stream.close()
+
+
+_UNPINNED: weakref.WeakSet[fsspec.AbstractFileSystem] = weakref.WeakSet()
+
+
+def _unpinned(fs: fsspec.AbstractFileSystem) -> None:
+    """A read of a file whose backend lists no version cannot be pinned: said once per filesystem
+    (a WARNING), never passed over in silence. Its bytes are still hashed as they are read."""
+    if fs not in _UNPINNED:
+        _UNPINNED.add(fs)
+        log.warning(
+            "%s lists no version of its files (no ETag, generation or modification time): reads cannot be "
+            "pinned to the version listed, so a file rewritten while it is read shows as damaged, not as changed",
+            type(fs).__name__,
+        )
 
 
 def _changed(fs: fsspec.AbstractFileSystem, path: str, listed: Version, now: str) -> FileChangedError:
