@@ -24,7 +24,7 @@ from .listing import (
 from .read import BLOCK_SIZE, ProgressFn, Range, Sink, fresh_size, hash_range, open_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
 from .removing import Folder, folder_of, remove_folders
-from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, place, resolve
+from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, parent, place, resolve
 from .write import (
     SealingWriter,
     Written,
@@ -84,6 +84,7 @@ __all__ = [
     "on_loop",
     "open_range",
     "overlap",
+    "parent",
     "place",
     "plan_recording",
     "read_file",
