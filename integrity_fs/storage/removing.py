@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import shutil
 import stat
@@ -47,6 +48,8 @@ __all__ = ["METADATA_ORDER", "Folder", "folder_of", "remove_folders"]
 #: first (with a key and no manifest, the signed digests stand in for one), then the manifest,
 #: then the sidecar of recorded store checksums.
 METADATA_ORDER = (SIGNATURE_FILENAME, MANIFEST_FILENAME, CHECKSUMS_FILENAME)
+
+log = logging.getLogger("integrity_fs")
 
 #: Deletions in flight at once where each object takes a request of its own.
 _DELETERS = 16
@@ -130,6 +133,7 @@ def remove_folders(fs: fsspec.AbstractFileSystem, folders: Sequence[Folder]) -> 
     _delete(fs, metadata, "the manifests and signatures")
     if is_local(fs):
         sync_dirs(sorted({folder.path for folder in folders if not folder.link}))
+    log.info("unsealed %d checkpoints (their manifests and signatures deleted); deleting their files", len(folders))
     content = [p for folder in folders for p in folder.files[folder.metadata :]]
     if is_local(fs):
         for folder in folders:
