@@ -583,8 +583,9 @@ def carry_out(
     doomed = [path for path, url, _ in judged if plan[url] == "deleted"]
     folders = [storage.folder_of(fs, path) for path in doomed]
     verified = sum(verdict == "ok" for *_, verdict in judged)
-    if verified < settings.keep_last:
-        log.warning(
+    if verified < settings.keep_last:  # a WARNING when that is for want of good ones, not a young run
+        log.log(
+            logging.WARNING if verified < len(judged) else logging.INFO,
             "prune: %d of the checkpoints under %s verify, fewer than keep_last=%d: nothing deleted",
             verified,
             printable(storage.describe(fs, root)),
