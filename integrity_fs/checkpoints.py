@@ -494,7 +494,7 @@ def prune_candidates(fs: fsspec.AbstractFileSystem, root: str, match: str | None
 def verdict_of(exc: Exception) -> Verdict | None:
     """The verdict a judging that raised ``exc`` gives its checkpoint; ``None`` when ``exc`` is to
     be raised (a storage error). Damage includes a bad signature; a checkpoint deleted since the
-    listing (``FileNotFoundError``) is ``"changing``, as one that changed while it was read."""
+    listing (``FileNotFoundError``) is ``"changing"``, as one that changed while it was read."""
     if isinstance(exc, FileChangedError):
         return "changing"
     if isinstance(exc, ManifestNotFoundError):

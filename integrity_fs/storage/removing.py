@@ -101,7 +101,8 @@ def _local_folder(path: str) -> Folder:
     while todo:
         directory = todo.pop()
         try:
-            entries = list(os.scandir(directory))
+            with os.scandir(directory) as listed:
+                entries = list(listed)
         except FileNotFoundError:
             continue
         for entry in entries:
@@ -134,13 +135,12 @@ def remove_folders(fs: fsspec.AbstractFileSystem, folders: Sequence[Folder]) -> 
     if is_local(fs):
         sync_dirs(sorted({folder.path for folder in folders if not folder.link}))
     log.info("unsealed %d checkpoints (their manifests and signatures deleted); deleting their files", len(folders))
-    content = [p for folder in folders for p in folder.files[folder.metadata :]]
     if is_local(fs):
         for folder in folders:
             _remove_local_tree(folder)
         sync_dirs(sorted({os.path.dirname(folder.path.rstrip("/")) for folder in folders}))
         return
-    _delete(fs, content, "the files")
+    _delete(fs, [p for folder in folders for p in folder.files[folder.metadata :]], "the files")
     if not (s3.is_s3(fs) or is_gcs(fs)):  # stores with directories of their own (memory, ...)
         for folder in folders:
             _remove_dirs(fs, folder.path)
