@@ -19,6 +19,7 @@ from typing import Any
 
 from benchmarks import attested, datasets, s3, torchrun, verified
 from benchmarks import dcp as dcp_bench
+from benchmarks import prune as prune_bench
 from benchmarks import safetensors as safetensors_bench
 from benchmarks.datasets import Dataset, GiB, MiB, human_size, shape
 from benchmarks.harness import CORES, REPO, Bench, log
@@ -54,6 +55,7 @@ SECTIONS = (
     "verified",
     "safetensors",
     "torchrun",
+    "prune",
 )
 #: The sections measured by a module of their own, run as ``python -m benchmarks.NAME --json`` in
 #: a child process (torch is imported there only).
@@ -62,6 +64,7 @@ CHILD_SECTIONS = {
     "verified": "benchmarks.verified",
     "safetensors": "benchmarks.safetensors",
     "torchrun": "benchmarks.torchrun",
+    "prune": "benchmarks.prune",
 }
 
 
@@ -331,6 +334,8 @@ def child_args(section: str, cfg: Config) -> list[str]:
     if section == "torchrun":
         ds = cfg.several
         return ["--files", str(ds.count), "--size-mib", str(ds.size // MiB), "--repeats", str(cfg.repeats + 2)]
+    if section == "prune":  # 50 checkpoints: what counts is the requests, not the bytes
+        return ["--checkpoints", "50", "--files", "4", "--kib", "64" if cfg.name == "quick" else "1024"]
     return ["--mib", str(cfg.dcp_mib), "--repeats", str(cfg.repeats + 2)]
 
 
@@ -506,6 +511,17 @@ def child_sections(children: dict[str, Any], parts: list[str], lines: list[str])
         rows_tr = [torchrun.Row(**r) for r in launched["rows"]]
         parts += [f"## The command line under torchrun: verify of {launched['shape']}", "", torchrun.table(rows_tr), ""]
         lines += torchrun.target_lines(rows_tr)
+    pruned = children.get("prune")
+    if pruned is not None:
+        rows_p = [prune_bench.Row(**r) for r in pruned["rows"]]
+        shape_p = f"{rows_p[0].checkpoints} checkpoints of {pruned['files']} x {pruned['kib']} KiB"
+        parts += [
+            f"## Retention on S3 (moto): prune over {shape_p}, every request counted at the server",
+            "",
+            prune_bench.table(rows_p),
+            "",
+        ]
+        lines += prune_bench.target_lines(rows_p)
     return parts, lines
 
 

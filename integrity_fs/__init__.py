@@ -2,7 +2,7 @@
 on any fsspec filesystem (local, S3, GCS, ...)."""
 
 from . import formats
-from .checkpoints import find_checkpoints, latest_verified
+from .checkpoints import PruneResult, find_checkpoints, latest_verified, prune
 from .errors import (
     CheckpointingException,
     FileChangedError,
@@ -29,6 +29,7 @@ __all__ = [
     "ManifestError",
     "ManifestNotFoundError",
     "Problem",
+    "PruneResult",
     "Report",
     "SignatureError",
     "VerifiedFile",
@@ -38,6 +39,7 @@ __all__ = [
     "formats",
     "latest_verified",
     "open",
+    "prune",
     "read_manifest",
     "seal",
     "sign",

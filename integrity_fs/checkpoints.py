@@ -5,7 +5,10 @@ A run's root holds one directory per checkpoint (``step_1000``, ``global_step100
 integer in the name from one listing; :func:`latest_verified` verifies them newest first and returns
 the first that passes, skipping unsealed, invalid and damaged ones with a WARNING each, and raising
 storage errors (an outage must not roll a run back). :func:`status` is the state of every
-checkpoint at a glance, as data (what ``integrity-fs status`` prints).
+checkpoint at a glance, as data (what ``integrity-fs status`` prints). :func:`prune` deletes old
+checkpoints by the same verdicts: it keeps the ``keep_last`` newest ones that verify and deletes
+only what is older than the oldest of them, so that damaged or half-written new checkpoints never
+make it delete the last good one.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -25,20 +28,32 @@ from fsspec.callbacks import Callback
 from . import manifests, signing, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import Manifest
-from .options import VerifyOptions, Work
+from .options import Attested, VerifyOptions, Work
 from .report import Problem, Report, printable
 from .verify import check, verify, verify_options
 
 __all__ = [
     "BAD_SIGNATURE",
+    "DELETABLE",
+    "Action",
     "CheckpointStatus",
+    "PruneResult",
+    "PruneSettings",
     "Verdict",
+    "carry_out",
+    "check_keep_last",
     "find_checkpoints",
+    "judge",
     "latest_verified",
     "named",
     "newest_that",
+    "plan_prune",
+    "prune",
+    "prune_candidates",
+    "prune_settings",
     "signed_name",
     "status",
+    "verdict_of",
 ]
 
 log = logging.getLogger("integrity_fs")
@@ -367,3 +382,286 @@ def _from_listing(
 ) -> CheckpointStatus:
     listing = storage.list_files(fs, path)
     return CheckpointStatus(name, url, sealed, len(listing), sum(listing.values()), verdict, (), detail)
+
+
+# --- retention ------------------------------------------------------------------------------------
+
+#: What :func:`prune` does with a checkpoint.
+Action = Literal["kept", "deleted", "left"]
+
+#: The verdicts of checkpoints older than the oldest kept one that :func:`prune` deletes
+#: (``"unsealed"`` too, with ``unsealed=True``); ``"invalid"`` and ``"changing"`` are left.
+DELETABLE: tuple[Verdict, ...] = ("ok", "damaged")
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What :func:`prune` kept, deleted and left, each a tuple of URLs, newest first.
+
+    ``kept``: the ``keep_last`` newest checkpoints that verify (and those named in ``keep`` that
+    verify); ``deleted``: what was deleted (with ``dry_run``: what a real run deletes); ``left``:
+    the rest, neither kept nor deleted (newer than the oldest kept one and not verifying, or
+    older and unsealed, invalid or changing; all of them when fewer than ``keep_last`` verify).
+    ``verdicts``: URL -> ``"ok"``, ``"damaged"``, ``"unsealed"``, ``"invalid"`` or ``"changing"``
+    for every checkpoint; ``bytes_freed``: the bytes the deleted checkpoints held (or would free).
+    """
+
+    kept: tuple[str, ...]
+    deleted: tuple[str, ...]
+    left: tuple[str, ...]
+    verdicts: dict[str, Verdict]
+    bytes_freed: int
+    dry_run: bool
+
+    def action(self, url: str) -> Action:
+        """``"kept"``, ``"deleted"`` or ``"left"``: what became of the checkpoint at ``url``."""
+        return "kept" if url in self.kept else "deleted" if url in self.deleted else "left"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kept": list(self.kept),
+            "deleted": list(self.deleted),
+            "left": list(self.left),
+            "verdicts": dict(self.verdicts),
+            "bytes_freed": self.bytes_freed,
+            "dry_run": self.dry_run,
+        }
+
+
+@dataclass(frozen=True)
+class PruneSettings:
+    """The checked arguments of a prune that decide the plan (the same on every rank of a collective one)."""
+
+    keep_last: int
+    quick: bool = False
+    attested: Attested = False
+    unsealed: bool = False
+    dry_run: bool = False
+    keep: tuple[str, ...] = ()  # names of checkpoints never deleted
+    match: str | None = None  # the pattern candidate names must match, whole
+
+
+def prune_settings(
+    *,
+    keep_last: object,
+    quick: bool = False,
+    attested: Attested = False,
+    unsealed: bool = False,
+    dry_run: bool = False,
+    keep: Iterable[URL] = (),
+    match: str | None = None,
+) -> PruneSettings:
+    """Check :func:`prune`'s arguments, before anything is listed: ``ValueError`` (``TypeError``) for
+    a bad one."""
+    check_keep_last(keep_last)
+    assert isinstance(keep_last, int)
+    if quick and attested:
+        raise ValueError("quick and attested exclude each other: quick reads nothing, attested asks the store")
+    if attested not in (True, False, "crc"):
+        raise ValueError(f"attested must be True, False or 'crc', not {attested!r}")
+    if isinstance(keep, (str, os.PathLike)):
+        keep = [keep]
+    if match is not None:
+        try:
+            re.compile(match)
+        except re.error as exc:
+            raise ValueError(f"match is not a regular expression: {match!r} ({exc})") from None
+    names = tuple(sorted({_name_of(k) for k in keep}))
+    return PruneSettings(keep_last, bool(quick), attested, bool(unsealed), bool(dry_run), names, match)
+
+
+def check_keep_last(keep_last: object) -> None:
+    """``keep_last`` must be an integer of at least 1 (``TypeError``, ``ValueError``)."""
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int):
+        raise TypeError(f"keep_last must be an integer, not {type(keep_last).__name__}")
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, not {keep_last}: a prune never deletes every checkpoint")
+
+
+def _name_of(checkpoint: URL) -> str:
+    """The directory name of a checkpoint given by URL, path or name."""
+    return os.fspath(checkpoint).replace(os.sep, "/").rstrip("/").rsplit("/", 1)[-1]
+
+
+def prune_candidates(fs: fsspec.AbstractFileSystem, root: str, match: str | None = None) -> list[tuple[str, str]]:
+    """The checkpoints a prune considers, ``(path, url)``, newest first: :func:`find_checkpoints`
+    (a root that does not exist raises ``FileNotFoundError``), names that fullmatch ``match`` only."""
+    pattern = None if match is None else re.compile(match)
+    names = [n for n in checkpoint_names(fs, root) if pattern is None or pattern.fullmatch(n)]
+    return [(storage.join(root, name), checkpoint_url(fs, storage.join(root, name))) for name in names]
+
+
+def verdict_of(exc: Exception) -> Verdict | None:
+    """The verdict a judging that raised ``exc`` gives its checkpoint; ``None`` when ``exc`` is to
+    be raised (a storage error). Damage includes a bad signature; a checkpoint deleted since the
+    listing (``FileNotFoundError``) is ``"changing"``, as one that changed while it was read."""
+    if isinstance(exc, FileChangedError):
+        return "changing"
+    if isinstance(exc, ManifestNotFoundError):
+        return "unsealed"
+    if isinstance(exc, (ManifestError, NotImplementedError)):
+        return "invalid"
+    if isinstance(exc, IntegrityError):
+        return "damaged"
+    if isinstance(exc, FileNotFoundError):
+        return "changing"
+    return None
+
+
+def judge(
+    candidates: Sequence[tuple[str, str]],
+    keep_last: int,
+    attempt: Callable[[str, bool], object],
+    *,
+    warn: bool = True,
+) -> list[tuple[str, str, Verdict]]:
+    """Every candidate's verdict, newest first: ``attempt(path, full)`` verifies one (raising as
+    :func:`integrity_fs.verify` does); ``full`` until ``keep_last`` have verified, then names and
+    sizes only (what is older is deleted or left by whether it is sealed, not by its content). A
+    storage error is raised at once. Verdicts other than ``"ok"`` of fully judged ones are
+    logged at WARNING (``warn``)."""
+    out: list[tuple[str, str, Verdict]] = []
+    verified = 0
+    for path, url in candidates:
+        full = verified < keep_last
+        try:
+            attempt(path, full)
+        except Exception as exc:
+            verdict = verdict_of(exc)
+            if verdict is None:
+                raise
+            level = logging.WARNING if full and warn else logging.INFO
+            log.log(level, "prune: %s is %s: %s", printable(url), verdict, printable(str(exc)))
+        else:
+            verdict = "ok"
+            verified += full
+        out.append((path, url, verdict))
+    return out
+
+
+def plan_prune(
+    verdicts: Sequence[tuple[str, Verdict]], *, keep_last: int, unsealed: bool = False, keep: Iterable[str] = ()
+) -> dict[str, Action]:
+    """What becomes of each checkpoint (``(url, verdict)``, newest first): the rule of :func:`prune`.
+
+    The ``keep_last`` first ``"ok"`` ones are kept; only checkpoints older than the last of them
+    are deleted, and of those only ``"ok"`` and ``"damaged"`` ones (``"unsealed"`` ones too with
+    ``unsealed``); URLs in ``keep`` are never deleted (kept when they verify). Fewer than
+    ``keep_last`` verified: nothing is deleted.
+    """
+    protected = set(keep)
+    verified = [url for url, verdict in verdicts if verdict == "ok"]
+    chosen = set(verified[:keep_last])
+    enough = len(verified) >= keep_last
+    oldest = [url for url, _ in verdicts].index(verified[keep_last - 1]) if enough else len(verdicts)
+    deletable = (*DELETABLE, "unsealed") if unsealed else DELETABLE
+    plan: dict[str, Action] = {}
+    for index, (url, verdict) in enumerate(verdicts):
+        if url in chosen or (url in protected and verdict == "ok"):
+            plan[url] = "kept"
+        elif enough and index > oldest and url not in protected and verdict in deletable:
+            plan[url] = "deleted"
+        else:
+            plan[url] = "left"
+    return plan
+
+
+def carry_out(
+    fs: fsspec.AbstractFileSystem, root: str, judged: Sequence[tuple[str, str, Verdict]], settings: PruneSettings
+) -> PruneResult:
+    """The plan for ``judged``, the checkpoints under ``root`` (see :func:`plan_prune`), deleted
+    (unless ``dry_run``): every folder to
+    delete is listed first, then every manifest and signature goes, then the files (see
+    :func:`integrity_fs.storage.remove_folders`)."""
+    protected = [url for path, url, _ in judged if manifests.model_name(path) in settings.keep]
+    plan = plan_prune(
+        [(url, verdict) for _, url, verdict in judged],
+        keep_last=settings.keep_last,
+        unsealed=settings.unsealed,
+        keep=protected,
+    )
+    doomed = [path for path, url, _ in judged if plan[url] == "deleted"]
+    folders = [storage.folder_of(fs, path) for path in doomed]
+    verified = sum(verdict == "ok" for *_, verdict in judged)
+    if verified < settings.keep_last:  # a WARNING when that is for want of good ones, not a young run
+        log.log(
+            logging.WARNING if verified < len(judged) else logging.INFO,
+            "prune: %d of the checkpoints under %s verify, fewer than keep_last=%d: nothing deleted",
+            verified,
+            printable(storage.describe(fs, root)),
+            settings.keep_last,
+        )
+    if folders and not settings.dry_run:
+        storage.remove_folders(fs, folders)
+        for path in doomed:
+            log.info("prune: deleted %s", printable(checkpoint_url(fs, path)))
+
+    def of(action: Action) -> tuple[str, ...]:
+        return tuple(url for _, url, _ in judged if plan[url] == action)
+
+    return PruneResult(
+        kept=of("kept"),
+        deleted=of("deleted"),
+        left=of("left"),
+        verdicts={url: verdict for _, url, verdict in judged},
+        bytes_freed=sum(folder.bytes for folder in folders),
+        dry_run=settings.dry_run,
+    )
+
+
+def prune(
+    root: URL,
+    *,
+    keep_last: int,
+    quick: bool = False,
+    attested: Attested = False,
+    unsealed: bool = False,
+    dry_run: bool = False,
+    public_key: signing.PublicKey | None = None,
+    keep: Iterable[URL] = (),
+    match: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    callback: Callback | None = None,
+) -> PruneResult:
+    """Delete old checkpoints under ``root``, keeping the ``keep_last`` newest ones that verify.
+
+    Over :func:`find_checkpoints` (newest first), each checkpoint is verified in turn (hashed;
+    ``quick``: names and sizes; ``attested``: the store's checksums where they vouch, as for
+    :func:`integrity_fs.verify`; with ``public_key``, a checkpoint verifies only when its signature
+    does and names it) until ``keep_last`` have verified. Only checkpoints older than the oldest
+    of those are deleted: sealed ones (verified or damaged; their names and sizes are compared
+    with their manifest, their content is not read), and unsealed ones only with ``unsealed=True``;
+    invalid and changing ones are left. Nothing newer than the oldest kept checkpoint is ever
+    deleted, whatever its state (a save in progress, a damaged one). Fewer than ``keep_last``
+    verify: nothing is deleted (logged at WARNING). A storage error while judging any checkpoint
+    is raised before anything is deleted.
+
+    Parameters
+    ----------
+    keep_last: how many verified checkpoints to keep, at least 1 (``ValueError``).
+    unsealed: delete unsealed (never sealed, or half-written) checkpoints older than the oldest kept.
+    dry_run: delete nothing; the result is the plan a real run carries out.
+    keep: checkpoints (URLs, paths or names) never deleted, kept besides when they verify.
+    match: a regular expression that candidate names must match whole (others are not touched).
+    callback: progress of each verification in turn (each calls ``set_size`` with its total).
+
+    Each checkpoint is deleted signature and manifest first, then its files, then its folder, so
+    an interrupted prune leaves unsealed folders, never a sealed one with files missing. Names
+    starting with ``.`` or ``_`` are not checkpoints and never touched; on local disks links are
+    removed, never followed. A root that does not exist raises ``FileNotFoundError``.
+    """
+    settings = prune_settings(
+        keep_last=keep_last, quick=quick, attested=attested, unsealed=unsealed, dry_run=dry_run, keep=keep, match=match
+    )
+    options = verify_options(quick=quick, attested=attested, public_key=public_key)
+    glance = dataclasses.replace(options, quick=True, attested=False)
+    work = Work(max_workers, callback)
+    fs_, root_ = storage.resolve(root, storage_options, fs)
+    candidates = prune_candidates(fs_, root_, settings.match)
+
+    def attempt(path: str, full: bool) -> None:
+        check(fs_, path, named(options if full else glance, path), work)
+
+    return carry_out(fs_, root_, judge(candidates, settings.keep_last, attempt), settings)

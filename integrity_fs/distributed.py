@@ -28,7 +28,7 @@ import hashlib
 import heapq
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from .collectives import (
     Mode,
     all_gather,
     broadcast,
+    check_agreed,
     check_mode,
     group_of,
     name_ranks,
@@ -81,6 +82,7 @@ __all__ = [
     "Mode",
     "agreed_candidates",
     "latest_verified",
+    "prune",
     "seal",
     "shard_units",
     "verify",
@@ -436,12 +438,18 @@ def agreed_candidates(
 
 
 def _agreed(
-    g: Group, call: Call, root: URL, storage_options: dict[str, Any] | None, fs: fsspec.AbstractFileSystem | None
+    g: Group,
+    call: Call,
+    root: URL,
+    storage_options: dict[str, Any] | None,
+    fs: fsspec.AbstractFileSystem | None,
+    listing: Callable[[fsspec.AbstractFileSystem, str], list[tuple[str, str]]] | None = None,
 ) -> list[tuple[str, str]]:
-    """Every rank lists the candidates; all must list the same (see :func:`agreed_candidates`)."""
+    """Every rank lists the candidates (with ``listing``, by default those of a resume); all must
+    list the same (see :func:`agreed_candidates`)."""
 
     def mine() -> list[tuple[str, str]]:
-        return _latest_candidates(*storage.resolve(root, storage_options, fs))
+        return (listing or _latest_candidates)(*storage.resolve(root, storage_options, fs))
 
     listed = call.attempt(mine)
     gathered = all_gather(g, listed)
@@ -462,3 +470,90 @@ def _latest_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[s
     """The candidates' paths and URLs, newest first."""
     names = checkpoints.names_or_none(fs, root)
     return [(storage.join(root, name), checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]
+
+
+def prune(
+    root: URL,
+    *,
+    keep_last: int,
+    group: ProcessGroup | None = None,
+    mode: Mode = "sharded",
+    quick: bool = False,
+    attested: Attested = False,
+    unsealed: bool = False,
+    dry_run: bool = False,
+    public_key: signing.PublicKey | None = None,
+    keep: Iterable[URL] = (),
+    match: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+) -> checkpoints.PruneResult:
+    """:func:`integrity_fs.prune` as a collective: the same verdicts, the same plan and the same
+    result (or exception) on every rank of ``group``; rank 0 alone deletes.
+
+    The mode and the arguments that decide the plan (``keep_last``, ``quick``, ``attested``,
+    ``unsealed``, ``dry_run``, ``keep``, ``match``) must be the same on every rank (else
+    ``ValueError`` on every rank, before anything is listed); every rank lists ``root`` and all
+    must see the same checkpoints (else ``OSError``). Each candidate is judged with
+    :func:`verify`, newest first, so its hashing is shared across the ranks (in ``mode``); then
+    rank 0 deletes what the plan says and its result (or its storage error) is every rank's.
+    ``public_key`` is rank 0's; ``storage_options``, ``fs`` and ``max_workers`` each rank's own.
+    """
+    g = group_of(group)
+
+    def settings_here() -> checkpoints.PruneSettings:
+        return checkpoints.prune_settings(
+            keep_last=keep_last,
+            quick=quick,
+            attested=attested,
+            unsealed=unsealed,
+            dry_run=dry_run,
+            keep=keep,
+            match=match,
+        )
+
+    if g is None:
+        check_mode(mode)
+        return checkpoints.prune(
+            root,
+            keep_last=keep_last,
+            quick=quick,
+            attested=attested,
+            unsealed=unsealed,
+            dry_run=dry_run,
+            public_key=public_key,
+            keep=keep,
+            match=match,
+            storage_options=storage_options,
+            fs=fs,
+            max_workers=max_workers,
+        )
+    call = Call(g)
+    call.agree(mode)
+    gathered = all_gather(g, call.attempt(settings_here))
+    call.raise_first(gathered)
+    check_agreed([repr(s) for s in gathered], "arguments to distributed.prune")
+    settings = gathered[0]
+    assert isinstance(settings, checkpoints.PruneSettings)
+    candidates = _agreed(
+        g, call, root, storage_options, fs, lambda fs_, root_: checkpoints.prune_candidates(fs_, root_, settings.match)
+    )
+    fs_, root_ = storage.resolve(root, storage_options, fs)
+
+    def attempt(path: str, full: bool) -> None:
+        # The same verdict (or exception) on every rank: every rank goes on alike.
+        verify(
+            path,
+            group=group,
+            mode=mode,
+            fs=fs_,
+            max_workers=max_workers,
+            quick=settings.quick or not full,
+            attested=settings.attested if full else False,
+            public_key=public_key,
+            expected_name=checkpoints.signed_name(path, public_key),
+        )
+
+    judged = checkpoints.judge(candidates, settings.keep_last, attempt, warn=g.rank == 0)
+    return call.on_rank0(lambda: checkpoints.carry_out(fs_, root_, judged, settings))

@@ -26,7 +26,20 @@ from integrity_fs.cli import main
 TIMEOUT_S = 120
 
 
-COMMANDS = ["seal", "sign", "verify", "show", "export", "status", "latest", "download", "upload", "copy", "demo"]
+COMMANDS = [
+    "seal",
+    "sign",
+    "verify",
+    "show",
+    "export",
+    "status",
+    "latest",
+    "prune",
+    "download",
+    "upload",
+    "copy",
+    "demo",
+]
 
 
 FILES = {

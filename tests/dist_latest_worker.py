@@ -4,8 +4,9 @@ For each target (a local directory and an S3 prefix): saves step_100, step_200 a
 corrupts a file of step_300 that rank 1 wrote and strips the manifest of a later step_400, then
 every rank resumes with dcp.load_latest and distributed.latest_verified. Also: no checkpoint that
 verifies, a root that is a file, a rank that sees no checkpoint where the others see some, and ranks
-passing different modes. Writes this rank's outcomes to
-``rank<RANK>.json``.
+passing different modes. Then retention under ``<target>-prune``: five dcp.save(keep_last=2), a
+sixth after the newest was damaged, distributed.prune (dry run, real, arguments that differ, a
+storage error on one rank). Writes this rank's outcomes to ``rank<RANK>.json``.
 """
 
 from __future__ import annotations
@@ -182,8 +183,75 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
     return out
 
 
+def listing(fs: Any, root: str) -> list[str]:
+    fs.invalidate_cache()
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+
+
+def run_prune(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Retention on 2 ranks: dcp.save(keep_last=2) and distributed.prune."""
+    url = f"{url}-prune"
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    out: dict[str, Any] = {"after_each_save": []}
+    for value in (1, 2, 3, 4, 5):
+        dcp.save(state(rank, value), f"{url}/step_{value}", storage_options=options, keep_last=2)
+        dist.barrier()
+        out["after_each_save"].append(listing(fs, root))
+    out["verified"] = [
+        attempt(lambda n=n: distributed.verify(f"{url}/step_{n}", storage_options=options).ok) for n in (4, 5)
+    ]
+
+    def damage_newest() -> None:
+        path = f"{root}/step_5/__0_0.distcp"
+        data = bytearray(fs.cat_file(path))
+        data[len(data) // 2] ^= 1
+        fs.pipe_file(path, bytes(data))
+        fs.invalidate_cache()
+
+    on_rank0(rank, damage_newest)
+    dcp.save(state(rank, 6), f"{url}/step_6", storage_options=options, keep_last=2)
+    dist.barrier()
+    out["after_damage"] = listing(fs, root)
+
+    def pruned(**kw: Any) -> dict[str, Any]:
+        try:
+            result = distributed.prune(url, storage_options=options, **kw)
+        except (Exception, KeyboardInterrupt) as exc:
+            return {"type": type(exc).__name__, "message": str(exc)}
+        return {"type": "PruneResult", **result.to_dict()}
+
+    counter = HashedBytes()
+    out["dry_run"] = {**pruned(keep_last=1, dry_run=True), "hashed": counter.close()}
+    out["differ"] = pruned(keep_last=[1, 2][rank])
+    out["bad_on_one"] = pruned(keep_last=[1, 0][rank])
+    original = storage.hash_range
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied (injected)")
+
+    if rank == 1:
+        storage.hash_range = fail  # type: ignore[assignment]
+    try:
+        out["denied_on_one"] = {**pruned(keep_last=1), "left": listing(fs, root)}
+    finally:
+        storage.hash_range = original  # type: ignore[assignment]
+    dist.barrier()
+    out["save_differ"] = attempt(
+        lambda: dcp.save(state(rank, 7), f"{url}/step_7", storage_options=options, keep_last=[2, 3][rank])
+    )
+    out["real"] = pruned(keep_last=1)
+    dist.barrier()
+    out["after_real"] = listing(fs, root)
+    return out
+
+
 def main() -> None:
-    run_rank(lambda spec, rank: {name: run_target(t["url"], t["options"], rank) for name, t in spec["targets"].items()})
+    def targets(spec: dict[str, Any], rank: int) -> dict[str, Any]:
+        out = {name: run_target(t["url"], t["options"], rank) for name, t in spec["targets"].items()}
+        out.update({f"{name}-prune": run_prune(t["url"], t["options"], rank) for name, t in spec["targets"].items()})
+        return out
+
+    run_rank(targets)
 
 
 if __name__ == "__main__":

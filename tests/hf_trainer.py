@@ -39,9 +39,12 @@ class Steps(TrainerCallback):
         self.count += 1
 
 
-def trainer(output_dir: Path | str, callbacks: list[TrainerCallback], *, max_steps: int = 6, **args: Any) -> Trainer:
+def trainer(
+    output_dir: Path | str, callbacks: list[TrainerCallback], *, max_steps: int = 6, evaluate: bool = False, **args: Any
+) -> Trainer:
     """A Trainer that saves every 2 steps; no dropout, a large learning rate: each step moves the
-    weights well beyond float noise, and a resumed run ends where an unbroken one does."""
+    weights well beyond float noise, and a resumed run ends where an unbroken one does.
+    ``evaluate``: an evaluation dataset too (the same tokens), for ``eval_strategy`` and the best model."""
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=2,
@@ -68,4 +71,10 @@ def trainer(output_dir: Path | str, callbacks: list[TrainerCallback], *, max_ste
         seed=0,
         **args,
     )
-    return Trainer(model=GPT2LMHeadModel(config), args=training, train_dataset=Tokens(), callbacks=callbacks)
+    return Trainer(
+        model=GPT2LMHeadModel(config),
+        args=training,
+        train_dataset=Tokens(),
+        eval_dataset=Tokens() if evaluate else None,
+        callbacks=callbacks,
+    )

@@ -4,7 +4,7 @@
   (``IN_ACCESS``: builtin ``open``, ``os.read``, ``sendfile``, ...) or the close of a file opened
   without write access (``IN_CLOSE_NOWRITE``, which also catches an ``mmap`` of it). Linux only.
 - S3: the server. :class:`CountingS3Server` is a moto server that records every GET of an object
-  (listings and HEADs are not reads of content) and serves the record at ``/_reads``, so ranks in
+  (listings, HEADs and GetObjectAttributes are not reads of content) and serves the record at ``/_reads``, so ranks in
   subprocesses can count too.
 
 ``reads_under(url, options)`` gives the counter for a checkpoint URL; its ``take()`` returns the
@@ -98,7 +98,8 @@ class CountingS3Server:
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
         bucket, _, key = path.lstrip("/").partition("/")
-        if environ.get("REQUEST_METHOD") == "GET" and bucket and key:
+        attributes = "attributes" in environ.get("QUERY_STRING", "").split("&")  # GetObjectAttributes: no content
+        if environ.get("REQUEST_METHOD") == "GET" and bucket and key and not attributes:
             name = unquote(path.lstrip("/"))
             with self._lock:
                 self._gets.append(name)

@@ -506,8 +506,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dic
         "local": {"url": str(work / "run"), "options": {}},
         "s3": {"url": f"s3://integrity-test/latest-{uuid.uuid4().hex}", "options": options},
     }
-    results = run_ranks("dist_latest_worker.py", 2, {"targets": targets}, work)
-    return {name: results[name] for name in targets}
+    results = run_ranks("dist_latest_worker.py", 2, {"targets": targets}, work, timeout=240)
+    return {key: results[key] for name in targets for key in (name, f"{name}-prune")}
 
 
 def _one(per_rank: list[dict[str, Any]], key: str, *, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -748,3 +748,55 @@ def _cli(argv: list[str]) -> str:
         code = main(argv)
     assert code == 0, out.getvalue()
     return out.getvalue()
+
+
+# --- retention on two ranks (tests/dist_latest_worker.py) ------------------------------------------------
+
+
+def _same_on_both(per_rank: list[dict[str, Any]], key: str) -> Any:
+    assert per_rank[0][key] == per_rank[1][key], (per_rank[0][key], per_rank[1][key])
+    return per_rank[0][key]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_dcp_save_keep_last_on_two_ranks(two_ranks: Any, target: str) -> None:
+    per_rank = two_ranks[f"{target}-prune"]
+    assert _same_on_both(per_rank, "after_each_save") == [
+        ["step_1"],
+        ["step_1", "step_2"],
+        ["step_2", "step_3"],
+        ["step_3", "step_4"],
+        ["step_4", "step_5"],
+    ]
+    assert _same_on_both(per_rank, "verified") == [{"type": "bool", "value": True}] * 2
+    # step_5 damaged before step_6 was saved: step_4, the older good one, stays; so does step_5 (newer).
+    assert _same_on_both(per_rank, "after_damage") == ["step_4", "step_5", "step_6"]
+
+
+@pytest.mark.parametrize("target", ["local", "s3"])
+def test_distributed_prune_on_two_ranks(two_ranks: Any, target: str) -> None:
+    per_rank = two_ranks[f"{target}-prune"]
+    dry = [{k: v for k, v in r["dry_run"].items() if k != "hashed"} for r in per_rank]
+    assert dry[0] == dry[1] and dry[0]["type"] == "PruneResult" and dry[0]["dry_run"] is True
+    names = {key: [url.rsplit("/", 1)[-1] for url in dry[0][key]] for key in ("kept", "deleted", "left")}
+    assert names == {"kept": ["step_6"], "deleted": ["step_5", "step_4"], "left": []}
+    # Older than the one kept: judged by names and sizes (a flipped bit keeps them), deleted either way.
+    assert [v for url, v in dry[0]["verdicts"].items() if url.endswith("step_5")] == ["ok"]
+    assert all(r["dry_run"]["hashed"] > 0 for r in per_rank)  # the hashing of step_6 is shared
+    differ = _same_on_both(per_rank, "differ")
+    assert (
+        differ["type"] == "ValueError" and "ranks passed different arguments to distributed.prune" in differ["message"]
+    )
+    assert _same_on_both(per_rank, "bad_on_one") == {
+        "type": "ValueError",
+        "message": "keep_last must be at least 1, not 0: a prune never deletes every checkpoint",
+    }
+    denied = _same_on_both(per_rank, "denied_on_one")  # rank 1 cannot read its share: nothing deleted
+    assert denied["type"] == "PermissionError" and denied["left"] == ["step_4", "step_5", "step_6"]
+    assert _same_on_both(per_rank, "save_differ") == {
+        "type": "ValueError",
+        "message": "ranks passed different keep_last to dcp.save: 2 on rank 0; 3 on rank 1",
+    }
+    real = _same_on_both(per_rank, "real")
+    assert {k: v for k, v in real.items() if k != "dry_run"} == {k: v for k, v in dry[0].items() if k != "dry_run"}
+    assert _same_on_both(per_rank, "after_real") == ["step_6"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -23,6 +25,7 @@ from cli_run import (
 from conftest import Backend
 
 from integrity_fs import MANIFEST_FILENAME
+from integrity_fs.text import format_bytes
 
 # --- status ------------------------------------------------------------------------------------------
 
@@ -213,3 +216,123 @@ def test_status_and_latest_show_a_checkpoint_changing_while_read(
     latest = cli("latest", str(run), "--workers", "1")
     assert latest.returncode == 0 and latest.stdout == f"{run / 'step_1'}\n"
     assert f"skipping {run / 'step_2'} (changed while it was read)" in latest.stderr
+
+
+# --- prune -------------------------------------------------------------------------------------------
+
+
+def _run_of(root: Path, steps: range) -> Path:
+    for step in steps:
+        for name, data in FILES.items():
+            (root / f"step_{step}" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / f"step_{step}" / name).write_bytes(data)
+        assert cli("seal", str(root / f"step_{step}")).returncode == 0
+    return root
+
+
+def test_prune_prints_what_it_kept_deleted_and_left(run: Path) -> None:
+    """step_4 unsealed, step_3 damaged, step_2 truncated, step_1 good, step_0 invalid: one verifies."""
+    nothing = cli("prune", str(run), "--keep-last", "1", "--dry-run")
+    assert nothing.returncode == 0, nothing.stderr
+    rows = [line.split() for line in nothing.stdout.splitlines()]
+    assert rows[:-1] == [
+        ["step_4", "unsealed", "left"],
+        ["step_3", "damaged", "left"],
+        ["step_2", "damaged", "left"],
+        ["step_1", "ok", "kept"],
+        ["step_0", "invalid", "left"],  # older, but a manifest this installation cannot read: left
+    ]
+    last = "kept 1, left 4; dry run: would delete 0 checkpoints, freeing 0 B; nothing deleted"
+    assert nothing.stdout.splitlines()[-1] == last
+    flip(run / "step_3" / "model.bin", 99)  # step_3 good again
+    (run / "step_0" / MANIFEST_FILENAME).write_text(json.dumps(manifest_of(run / "step_1")))  # step_0: valid again
+    held = sum(p.stat().st_size for p in (run / "step_0").rglob("*") if p.is_file())
+    proc = cli("prune", str(run), "--keep-last", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[1:] for line in proc.stdout.splitlines()[:-1]] == [
+        ["unsealed", "left"],
+        ["ok", "kept"],
+        ["damaged", "left"],  # newer than the oldest kept: never deleted
+        ["ok", "kept"],
+        ["ok", "deleted"],
+    ]
+    assert proc.stdout.splitlines()[-1] == f"kept 2, left 2; deleted 1 checkpoint, freed {format_bytes(held)}"
+    assert sorted(p.name for p in run.iterdir()) == ["step_1", "step_2", "step_3", "step_4"]
+
+
+def test_prune_json_and_fewer_verified_than_asked(tmp_path: Path) -> None:
+    root = _run_of(tmp_path / "run", range(1, 5))
+    flip(root / "step_4" / "model.bin", 7)
+    dry = cli("prune", str(root), "--keep-last", "2", "--json", "--dry-run", "--unsealed")
+    assert dry.returncode == 0, dry.stderr
+    found = json.loads(dry.stdout)
+    assert set(found) == {"root", "kept", "deleted", "left", "verdicts", "bytes_freed", "dry_run"}
+    assert found["kept"] == [str(root / "step_3"), str(root / "step_2")]
+    assert found["deleted"] == [str(root / "step_1")] and found["left"] == [str(root / "step_4")]
+    assert found["verdicts"][str(root / "step_4")] == "damaged" and found["dry_run"] is True
+    assert found["bytes_freed"] == sum(p.stat().st_size for p in (root / "step_1").rglob("*") if p.is_file())
+    assert (root / "step_1").is_dir()
+
+    many = cli("prune", str(root), "--keep-last", "9")
+    assert many.returncode == 0, many.stderr
+    assert many.stdout.splitlines()[-1] == "kept 3, left 1; 3 verify, fewer than --keep-last 9: nothing deleted"
+    assert "fewer than keep_last=9" in many.stderr
+    assert sorted(p.name for p in root.iterdir()) == [f"step_{n}" for n in range(1, 5)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--keep-last", "0"],
+        ["--keep-last", "two"],
+        [],  # --keep-last is required
+        ["--keep-last", "1", "--quick", "--attested"],
+    ],
+)
+def test_prune_bad_arguments_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    root = _run_of(tmp_path / "run", range(1, 3))
+    proc = cli("prune", str(root), *args, "--json")
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(proc.stdout)["exit_code"] == 2 and len(stderr_pair(proc)) == 2
+    assert sorted(p.name for p in root.iterdir()) == ["step_1", "step_2"]
+
+
+def test_prune_storage_errors_exit_4_and_delete_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    typo = cli("prune", str(tmp_path / "typo"), "--keep-last", "1")
+    assert typo.returncode == 4 and typo.stdout == ""
+    assert "check the path" in stderr_pair(typo)[1] and "run's directory" in stderr_pair(typo)[1]
+    root = _run_of(tmp_path / "run", range(1, 4))
+    real_open = os.open
+
+    def failing(path: object, *args: object, **kwargs: object) -> int:
+        if "/step_1/" in os.fspath(path):  # type: ignore[arg-type]
+            raise OSError(errno.EIO, "Input/output error", os.fspath(path))  # type: ignore[arg-type]
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", failing)
+    down = cli("prune", str(root), "--keep-last", "1")
+    monkeypatch.setattr(os, "open", real_open)
+    assert down.returncode == 4 and down.stdout == ""
+    assert "Input/output error" in stderr_pair(down)[0]
+    assert sorted(p.name for p in root.iterdir()) == ["step_1", "step_2", "step_3"]
+    for step in (1, 2, 3):
+        assert (root / f"step_{step}" / MANIFEST_FILENAME).is_file()
+
+
+def test_prune_on_s3_attested(s3: tuple[Backend, list[str]], tmp_path: Path) -> None:
+    backend, options = s3
+    local = _run_of(tmp_path / "local", range(1, 4))
+    for step in (1, 2, 3):
+        target = f"{backend.url}/run/step_{step}"
+        assert cli("upload", str(local / f"step_{step}"), target, *options).returncode == 0
+    proc = cli("prune", f"{backend.url}/run", "--keep-last", "1", "--attested", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()[:-1]] == ["step_3", "step_2", "step_1"]
+    assert proc.stdout.splitlines()[-1].startswith("kept 1, left 0; deleted 2 checkpoints, freed ")
+
+
+def test_prune_shows_a_progress_bar_while_it_hashes(tmp_path: Path) -> None:
+    pytest.importorskip("tqdm")
+    root = _run_of(tmp_path / "run", range(1, 3))
+    code, terminal = run_on_terminal("prune", str(root), "--keep-last", "1")
+    assert code == 0 and "\r" in terminal and "prune" in terminal

@@ -808,3 +808,54 @@ def test_load_with_different_verify_choices_per_rank_raises_on_every_rank(
     assert outcome["load"]["type"] == "ValueError" and "ranks passed different arguments" in outcome["load"]["message"]
     assert not outcome["loaded"]
     assert _shared(disagreeing["after"]) == {"load": {"type": "Report"}, "loaded": True}
+
+
+# --- retention: save(keep_last=N) and the writer's keep_last for async_save ------------------------------
+
+
+def test_save_keep_last_on_s3_prunes_from_the_store_checksums(
+    counting_s3: tuple[CountingS3Server, dict[str, Any]],
+) -> None:
+    """The checkpoints dcp.save wrote to S3 are judged from their SHA-256 checksums: no content is read."""
+    _server, options = counting_s3
+    run = f"s3://{BUCKET}/keep-{uuid.uuid4().hex}"
+    reads = reads_under(run, options)
+    try:
+        for n in (1, 2, 3, 4):
+            dcp.save(_state(), f"{run}/step_{n}", storage_options=options, keep_last=2)
+        seen = reads.take()
+    finally:
+        reads.close()
+    assert ifs.find_checkpoints(run, storage_options=options) == [f"{run}/step_4", f"{run}/step_3"]
+    metadata = (MANIFEST_FILENAME, "_integrity_store_checksums.json")
+    assert seen and [name for name in seen if not name.endswith(metadata)] == []  # manifests only
+    for n in (3, 4):
+        assert ifs.verify(f"{run}/step_{n}", storage_options=options).ok
+
+
+def test_save_keep_last_is_checked_before_anything_is_written(tmp_path: Path) -> None:
+    for bad, error in ((0, ValueError), (True, TypeError)):
+        with pytest.raises(error, match="keep_last"):
+            dcp.save(_state(), str(tmp_path / "run" / "step_1"), keep_last=bad)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_async_save_with_keep_last_prunes_once_the_save_completed(tmp_path: Path) -> None:
+    """torch's own async_save with HashingFsspecWriter(keep_last=2): the coordinator prunes in
+    ``finish``, after the manifest; the newest damaged, the older good one stays."""
+    root = tmp_path / "run"
+    listed = []
+    for n in (1, 2, 3, 4):
+        writer = dcp.HashingFsspecWriter(str(root / f"step_{n}"), keep_last=2)
+        torch_dcp.async_save(_state(), storage_writer=writer).result()
+        listed.append(sorted(p.name for p in root.iterdir()))
+    assert listed == [["step_1"], ["step_1", "step_2"], ["step_2", "step_3"], ["step_3", "step_4"]]
+    fs = fsspec.filesystem("file")
+    _flip(fs, str(root / "step_4" / "__0_0.distcp"))
+    writer = dcp.HashingFsspecWriter(str(root / "step_5"), keep_last=2)
+    torch_dcp.async_save(_state(), storage_writer=writer).result()
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4", "step_5"]
+    assert [ifs.verify(root / f"step_{n}").ok for n in (3, 5)] == [True, True]
+    with pytest.raises(ValueError, match="keep_last must be at least 1"):
+        dcp.HashingFsspecWriter(str(root / "step_6"), keep_last=0)

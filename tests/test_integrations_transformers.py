@@ -20,6 +20,7 @@ import torch
 from dist_launch import run_ranks
 from hf_trainer import Steps, trainer
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME
@@ -212,3 +213,84 @@ def test_a_distributed_trainer_seals_once_every_rank_has_written(tmp_path: Path)
     assert results["latest"] == [str(run / "checkpoint-2")] * 2  # checkpoint-4 damaged by rank 0
     [failing] = set(results["failing"])
     assert failing.startswith("ValueError: cannot seal") and "failing/checkpoint-2" in failing
+
+
+# --- retention: IntegrityCallback(keep_last=N) ------------------------------------------------------
+
+
+class _DamageOnSave(TrainerCallback):
+    """Flips a bit of ``checkpoint-<step>``'s weights once the callbacks before it have sealed
+    (and pruned) it: a checkpoint damaged on disk during the run."""
+
+    def __init__(self, out: Path, step: int) -> None:
+        self.out, self.step = out, step
+
+    def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if state.global_step == self.step:
+            _flip(self.out / f"checkpoint-{self.step}" / "model.safetensors")
+
+
+def _checkpoints(out: Path) -> list[str]:
+    return sorted((p.name for p in out.iterdir() if p.name.startswith("checkpoint-")), key=lambda n: int(n[11:]))
+
+
+def test_keep_last_keeps_two_verified_checkpoints_and_resumes_from_the_newest_good_one(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    callback = IntegrityCallback(keep_last=2)
+    trainer(out, [callback, _DamageOnSave(out, 6)], max_steps=8).train()  # saves 2, 4, 6 (damaged), 8
+    assert _checkpoints(out) == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+    assert [ifs.verify(out / f"checkpoint-{n}", strict=True).ok for n in (4, 8)] == [True, True]
+    with pytest.raises(ifs.IntegrityError):
+        ifs.verify(out / "checkpoint-6")
+    last = callback.pruned[-1]  # at step 8: 8 and 4 verify; 6, newer than 4, is left
+    assert last.kept == (str(out / "checkpoint-8"), str(out / "checkpoint-4")) and last.deleted == ()
+    assert last.left == (str(out / "checkpoint-6"),) and last.verdicts[str(out / "checkpoint-6")] == "damaged"
+    assert latest_verified_checkpoint(out) == str(out / "checkpoint-8")
+
+    _flip(out / "checkpoint-8" / "model.safetensors")  # the newest is damaged too, later on
+    resume = latest_verified_checkpoint(out)
+    assert resume == str(out / "checkpoint-4")  # the good one the rule kept
+    steps, again = Steps(), IntegrityCallback(keep_last=2)
+    resumed = trainer(out, [again, steps], max_steps=8)
+    resumed.train(resume_from_checkpoint=resume)
+    assert (steps.count, resumed.state.global_step) == (4, 8)  # steps 5 to 8: it started from step 4
+    assert _checkpoints(out) == ["checkpoint-6", "checkpoint-8"]  # written again, sealed; 4 pruned at step 8
+    assert [ifs.verify(out / f"checkpoint-{n}", strict=True).ok for n in (6, 8)] == [True, True]
+
+
+def test_the_trainers_own_rotation_keeps_the_damaged_one_and_deletes_a_good_one(tmp_path: Path) -> None:
+    """The same run with save_total_limit=2 and no pruning callback (sealing only, to tell good from bad)."""
+    out = tmp_path / "out"
+    trainer(out, [IntegrityCallback(), _DamageOnSave(out, 6)], max_steps=8, save_total_limit=2).train()
+    assert _checkpoints(out) == ["checkpoint-6", "checkpoint-8"]  # checkpoint-4, a good one, is gone
+    with pytest.raises(ifs.IntegrityError):
+        ifs.verify(out / "checkpoint-6")  # the damaged one is kept
+    _flip(out / "checkpoint-8" / "model.safetensors")
+    assert latest_verified_checkpoint(out) is None  # nothing left to resume from
+
+
+def test_keep_last_keeps_the_best_model_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    callback = IntegrityCallback(keep_last=1)
+    run = trainer(
+        out,
+        [callback],
+        max_steps=8,
+        evaluate=True,
+        eval_strategy="steps",
+        eval_steps=2,
+        metric_for_best_model="loss",
+        greater_is_better=True,  # the "best" is the worst loss: not the last checkpoint
+    )
+    run.train()
+    best = run.state.best_model_checkpoint
+    assert best is not None and best != str(out / "checkpoint-8")
+    assert _checkpoints(out) == sorted([Path(best).name, "checkpoint-8"], key=lambda n: int(n[11:]))
+    assert ifs.verify(best).ok
+
+
+def test_keep_last_with_save_total_limit_warns(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="save_total_limit=None"):
+        trainer(tmp_path / "out", [IntegrityCallback(keep_last=2)], save_total_limit=3)
+    with pytest.raises(ValueError, match="keep_last must be at least 1"):
+        IntegrityCallback(keep_last=0)

@@ -1,4 +1,4 @@
-"""The command line under torchrun (WORLD_SIZE > 1): seal, verify and latest as collectives over a
+"""The command line under torchrun (WORLD_SIZE > 1): seal, verify, latest and prune as collectives over a
 real gloo group of two ranks, on local disk and S3 (moto). A launch costs seconds: two in all, the
 second running every command after ``seal`` in one process group (tests/launch_cli.py)."""
 
@@ -118,6 +118,13 @@ def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict
     damaged = root / "damaged"  # the run as sealed above, then step_2 damaged: latest skips it
     shutil.copytree(run, damaged)
     (damaged / "step_2" / "shard_1.bin").write_bytes(b"x" + data["shard_1.bin"][1:])
+    pruned = root / "pruned"  # step_3 damaged: prune --keep-last 1 keeps step_2, deletes step_1
+    for step in (1, 2, 3):
+        (pruned / f"step_{step}").mkdir(parents=True)
+        for name, content in data.items():
+            (pruned / f"step_{step}" / name).write_bytes(content)
+        integrity_fs.seal(pruned / f"step_{step}", granularity="chunk", chunk_size=CHUNK)
+    (pruned / "step_3" / "shard_2.bin").write_bytes(b"x" + data["shard_2.bin"][1:])
     (root / "unsealed" / "ckpt").mkdir(parents=True)
     (root / "unsealed" / "ckpt" / "w.bin").write_bytes(b"weights")
 
@@ -139,10 +146,13 @@ def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict
         "bad-argument": {"argv": ["verify", str(root / "unsealed" / "ckpt")], "bad_arg_rank": 1},
         "s3-verify": {"argv": ["verify", s3_url, *o]},
         "s3-latest": {"argv": ["latest", f"s3://{s3_root}", *o]},
+        "prune": {"argv": ["prune", str(pruned), "--keep-last", "1", "--json"]},
+        "prune-missing": {"argv": ["prune", str(root / "typo"), "--keep-last", "1"]},
     }
     outcomes = launch_commands(root / "rec", commands)
     return {
         "run": run,
+        "pruned": pruned,
         "seal": seal,
         "sizes": {name: len(content) for name, content in data.items()},
         "s3_url": s3_url,
@@ -190,3 +200,16 @@ def test_verify_under_torchrun_on_s3(launched: dict[str, Any]) -> None:
     assert_split(verify.ranks, launched["s3_sizes"])
     latest: Outcome = launched["s3-latest"]
     assert [r["code"] for r in latest.ranks] == [0, 0] and latest.stdout.splitlines() == [url], latest.stdout
+
+
+def test_prune_under_torchrun_agrees_on_the_verdicts_and_deletes_once(launched: dict[str, Any]) -> None:
+    pruned = launched["pruned"]
+    prune: Outcome = launched["prune"]
+    assert [r["code"] for r in prune.ranks] == [0, 0], prune.stdout + prune.stderr
+    result = json.loads(prune.stdout)  # printed once, by rank 0
+    assert result["kept"] == [str(pruned / "step_2")] and result["deleted"] == [str(pruned / "step_1")]
+    assert result["left"] == [str(pruned / "step_3")] and result["verdicts"][str(pruned / "step_3")] == "damaged"
+    assert sorted(p.name for p in pruned.iterdir()) == ["step_2", "step_3"]
+    assert all(r["hashed"] for r in prune.ranks)  # the hashing of step_3 and step_2 is shared
+    missing: Outcome = launched["prune-missing"]
+    assert [r["code"] for r in missing.ranks] == [4, 4] and missing.stderr.count("integrity-fs: error:") == 1

@@ -38,6 +38,7 @@ __all__ = [
     "parse_option",
     "positive_int",
     "private_key_of",
+    "prune_arguments",
     "public_key_of",
     "root_argument",
     "seal_arguments",
@@ -316,6 +317,38 @@ def latest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="skip checkpoints with files not in their manifest")
     add_public_key(parser, "checkpoints without such a signature, or signed as another, are skipped")
+    add_mode(parser)
+
+
+def prune_arguments(parser: argparse.ArgumentParser) -> None:
+    root_argument(parser)
+    parser.add_argument(
+        "--keep-last",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="keep the N newest checkpoints that verify; delete only checkpoints older than the oldest of them",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="delete nothing: print what a real run deletes")
+    parser.add_argument(
+        "--unsealed",
+        action="store_true",
+        help="delete unsealed checkpoints older than the oldest kept too (default: leave them)",
+    )
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--quick", action="store_true", help="judge by names and sizes only; read no content")
+    how.add_argument(
+        "--attested",
+        nargs="?",
+        const=True,
+        default=False,
+        type=attested_value,
+        metavar="crc",
+        help="S3, GCS: confirm files unread whose store-kept checksum vouches for them (as verify --attested); "
+        "the rest are hashed",
+    )
+    add_public_key(parser, "a checkpoint without such a signature, or signed as another, does not verify")
+    add_json(parser, "the result")
     add_mode(parser)
 
 

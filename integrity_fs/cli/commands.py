@@ -34,6 +34,7 @@ from .args import (
     options_of,
     parse_option,
     private_key_of,
+    prune_arguments,
     public_key_of,
     seal_arguments,
     show_arguments,
@@ -47,6 +48,7 @@ from .output import (
     cli_logging,
     failure,
     print_manifest,
+    print_prune,
     print_status,
     print_transferred,
     print_verify_report,
@@ -180,6 +182,26 @@ def cmd_latest(args: argparse.Namespace) -> int:
     if found is None:
         raise none_verified(args)
     print(found[0])
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    options, key = args.launch.agreed(lambda: (options_of(args), public_key_of(args.public_key)))
+    with running(args, "prune", bar=not args.quick) as run:  # only hashing takes long
+        result = args.launch.prune(
+            args.root,
+            mode=args.mode,
+            keep_last=args.keep_last,
+            quick=args.quick,
+            attested=args.attested,
+            unsealed=args.unsealed,
+            dry_run=args.dry_run,
+            public_key=key,
+            storage_options=options,
+            max_workers=args.workers,
+            callback=run.callback,
+        )
+    print_prune(args.root, result, keep_last=args.keep_last, as_json=args.json)
     return EXIT_OK
 
 
@@ -384,6 +406,24 @@ COMMANDS: list[Command] = [
         latest_arguments,
     ),
     Command(
+        "prune",
+        cmd_prune,
+        "delete old checkpoints, keeping the N newest that verify",
+        "Verifies the checkpoints under ROOT newest first (hashing, unless --quick or --attested) until N\n"
+        "have verified, keeps those, and deletes only checkpoints older than the oldest of them: sealed\n"
+        "ones (verified or damaged), and unsealed ones with --unsealed. Nothing newer than the oldest\n"
+        "kept checkpoint is deleted, whatever its state; with fewer than N that verify, nothing is.\n"
+        "Each is deleted manifest first, so an interrupted prune leaves unsealed folders. Exits 0 when\n"
+        "done (also when nothing was deleted), 4 on a storage error (nothing deleted when it came\n"
+        "while judging).\n\n"
+        + _examples(
+            "prune s3://bucket/run --keep-last 3 --dry-run   # what it would delete",
+            "prune s3://bucket/run --keep-last 3 --attested  # the store's checksums instead of reads",
+            "prune ./run --keep-last 2 --unsealed --json",
+        ),
+        prune_arguments,
+    ),
+    Command(
         "download",
         cmd_download,
         "copy a sealed checkpoint to a local directory, verifying it",
@@ -433,6 +473,7 @@ MAIN_EPILOG = (
         "verify s3://bucket/run/step_1000",
         "verify s3://bucket/run/step_1000 -o client_kwargs.endpoint_url=http://127.0.0.1:9000",
         "status s3://bucket/run",
+        "prune s3://bucket/run --keep-last 3",
         "download gs://bucket/run/step_1000 ./step_1000",
         "demo",
     )
@@ -474,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring). Under a launcher
-    (``WORLD_SIZE`` > 1), ``seal``, ``verify``, ``latest`` and ``status`` run as collectives
+    (``WORLD_SIZE`` > 1), ``seal``, ``verify``, ``latest``, ``status`` and ``prune`` run as collectives
     (:mod:`.launch`)."""
     argv = attested_argv(sys.argv[1:] if argv is None else argv)
 

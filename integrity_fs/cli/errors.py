@@ -194,7 +194,7 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             return what, "the disk is full: free space on the destination, or choose another one"
         local = _is_local(error, args)
         if isinstance(error, (FileNotFoundError, NotADirectoryError)):
-            run = command in ("status", "latest")
+            run = command in ("status", "latest", "prune")
             wanted = "a run's directory, holding its checkpoints" if run else "a checkpoint directory"
             later = "; a run that has not saved yet has none: create ROOT first" if command == "latest" else ""
             if local:

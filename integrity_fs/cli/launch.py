@@ -2,10 +2,11 @@
 
 When the environment says this process is one rank of several (``WORLD_SIZE`` > 1, with the
 ``RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` that torchrun sets), ``seal``, ``verify``,
-``latest`` and ``status`` join a process group (gloo, unless one is already initialised) and call
-the :mod:`integrity_fs.distributed` functions: in sharded mode (``--mode sharded``, the default)
+``latest``, ``status`` and ``prune`` join a process group (gloo, unless one is already
+initialised) and call the :mod:`integrity_fs.distributed` functions: in sharded mode (``--mode sharded``, the default)
 the bytes are split over every rank of every node; ``--mode rank0`` lets rank 0 alone read
-(node-local storage). ``status`` runs on rank 0 and its table is every rank's.
+(node-local storage). ``status`` runs on rank 0 and its table is every rank's; ``prune`` agrees
+on the verdicts and rank 0 deletes.
 
 What every rank keeps, whatever one rank meets: the arguments are parsed on every rank and the
 outcomes gathered, so a rank given a bad argument fails every rank (exit 2) before any
@@ -37,7 +38,7 @@ __all__ = ["COLLECTIVE", "Collective", "Local", "Runner", "collective_command", 
 T = TypeVar("T")
 
 #: The commands that run as collectives under a launcher.
-COLLECTIVE = ("seal", "verify", "latest", "status")
+COLLECTIVE = ("seal", "verify", "latest", "status", "prune")
 
 
 def launched(environ: Mapping[str, str] = os.environ) -> bool:
@@ -72,6 +73,9 @@ class Local:
 
     def status(self, root: str, *, mode: str, **kw: Any) -> list[checkpoints.CheckpointStatus]:
         return checkpoints.status(root, **kw)
+
+    def prune(self, root: str, *, mode: str, **kw: Any) -> checkpoints.PruneResult:
+        return checkpoints.prune(root, **kw)
 
 
 class Collective(Local):
@@ -109,6 +113,11 @@ class Collective(Local):
         """Rank 0 lists and checks; its table (or its exception) is every rank's."""
         kw.pop("callback", None)
         return Call(self.group).on_rank0(lambda: checkpoints.status(root, **kw))
+
+    def prune(self, root: str, *, mode: str, **kw: Any) -> checkpoints.PruneResult:
+        """The collective prune: verdicts agreed (the hashing shared), rank 0 deletes."""
+        kw.pop("callback", None)
+        return distributed.prune(root, mode=mode, **kw)  # type: ignore[arg-type]
 
 
 def _first_problem(gathered: Sequence[tuple[int, str, str] | None]) -> tuple[int, str, str] | None:

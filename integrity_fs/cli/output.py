@@ -18,7 +18,7 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from ..checkpoints import BAD_SIGNATURE, CheckpointStatus
+from ..checkpoints import BAD_SIGNATURE, CheckpointStatus, PruneResult
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
@@ -35,6 +35,7 @@ __all__ = [
     "print_failure",
     "print_json",
     "print_manifest",
+    "print_prune",
     "print_status",
     "print_transferred",
     "print_verify_report",
@@ -277,6 +278,33 @@ def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool,
             f"{name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
             f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint, full=full)}"
         )
+
+
+def print_prune(root: str, result: PruneResult, *, keep_last: int, as_json: bool) -> None:
+    """One aligned line per checkpoint (name, verdict, what became of it), then what was freed;
+    or one JSON object (:meth:`PruneResult.to_dict` and the root)."""
+    if as_json:
+        print_json({"root": root, **result.to_dict()})
+        return
+    if not result.verdicts:
+        print(f"no checkpoints under {root}", file=sys.stderr)
+    names = {url: printable(url.rstrip("/").rsplit("/", 1)[-1]) for url in result.verdicts}
+    width = max(map(len, names.values()), default=0)
+    verdict_width = max(map(len, result.verdicts.values()), default=0)
+    for url, verdict in result.verdicts.items():
+        action = result.action(url)
+        shown = "would delete" if action == "deleted" and result.dry_run else action
+        print(f"{names[url]:<{width}}  {verdict:<{verdict_width}}  {shown}")
+    verified = sum(verdict == "ok" for verdict in result.verdicts.values())
+    count = len(result.deleted)
+    noun = "checkpoint" if count == 1 else "checkpoints"
+    if verified < keep_last:
+        tail = f"{verified} verify, fewer than --keep-last {keep_last}: nothing deleted"
+    elif result.dry_run:
+        tail = f"dry run: would delete {count} {noun}, freeing {format_bytes(result.bytes_freed)}; nothing deleted"
+    else:
+        tail = f"deleted {count} {noun}, freed {format_bytes(result.bytes_freed)}"
+    print(f"kept {len(result.kept)}, left {len(result.left)}; {tail}")
 
 
 def status_verdict(checkpoint: CheckpointStatus, *, full: bool) -> str:

@@ -22,10 +22,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import signing
-from ..checkpoints import newest_that, signed_name
+from .. import signing, storage
+from ..checkpoints import check_keep_last, newest_that, signed_name
 from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of
 from ..distributed import agreed_candidates
+from ..distributed import prune as collective_prune
 from ..errors import IntegrityError
 from ..hashing import DEFAULT_ALGORITHM
 from ..manifest import Manifest
@@ -65,6 +66,7 @@ def save(
     chunk_size: int | None = None,
     planner: SavePlanner | None = None,
     private_key: signing.PrivateKey | None = None,
+    keep_last: int | None = None,
     **writer_options: Any,
 ) -> Manifest:
     """``dcp.save`` to ``url`` (any fsspec URL), sealed while it is written; every rank returns the manifest.
@@ -78,10 +80,19 @@ def save(
     manifest, from the same digests. The key is loaded before anything is written: a bad one,
     like any bad option, raises the same exception on every rank. On ``s3://`` the files go up
     with S3 SHA-256 checksums from the digests computed while writing (see :class:`HashingFsspecWriter`).
+
+    ``keep_last``: once the checkpoint is sealed, prune the run's directory (``url``'s parent) in
+    the same collective (:func:`integrity_fs.distributed.prune`, ``attested=True``: on S3 the
+    checkpoints ``save`` wrote are confirmed from their store checksums, elsewhere hashed, shared
+    across the ranks), keeping the ``keep_last`` newest checkpoints that verify and never deleting
+    the one just written. It is checked (at least 1, the same on every rank) before anything is
+    written. A prune that fails raises on every rank, the new checkpoint sealed all the same.
     """
     g = group_of(process_group)
 
     def make_writer() -> HashingFsspecWriter:
+        if keep_last is not None:
+            check_keep_last(keep_last)
         return HashingFsspecWriter(
             url,
             algorithm=algorithm,
@@ -98,19 +109,33 @@ def save(
         call = Call(g)
         made = call.attempt(make_writer)
         # Each rank hashes what it writes: the digests only fit one manifest when every rank hashes alike.
-        gathered = all_gather(g, made if isinstance(made, Failure) else made.hashing)
+        gathered = all_gather(g, made if isinstance(made, Failure) else (made.hashing, repr(keep_last)))
         call.raise_first(gathered)
         assert isinstance(made, HashingFsspecWriter)
-        check_agreed(cast(list[str], gathered), "hashing options to dcp.save")
+        pairs = cast(list[tuple[str, str]], gathered)
+        check_agreed([hashing for hashing, _ in pairs], "hashing options to dcp.save")
+        check_agreed([keep for _, keep in pairs], "keep_last to dcp.save")
         writer = made
     with _single_process_quietly(g is None):
         dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=process_group, no_dist=g is None)
     if g is None:
         assert writer.manifest is not None
-        return writer.manifest
-    manifest_json = broadcast(g, writer.manifest.to_json() if writer.manifest is not None else None)
-    assert manifest_json is not None  # rank 0 is DCP's coordinator: it wrote the manifest
-    return Manifest.from_json(manifest_json)
+        manifest = writer.manifest
+    else:
+        manifest_json = broadcast(g, writer.manifest.to_json() if writer.manifest is not None else None)
+        assert manifest_json is not None  # rank 0 is DCP's coordinator: it wrote the manifest
+        manifest = Manifest.from_json(manifest_json)
+    if keep_last is not None:
+        fs, path = storage.resolve(url, storage_options)
+        collective_prune(
+            storage.parent(path),
+            keep_last=keep_last,
+            group=process_group,
+            attested=True,
+            keep=[path],
+            fs=fs,
+        )
+    return manifest
 
 
 def load(

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .. import manifests, signing, storage
+from ..checkpoints import check_keep_last, prune
 from ..collectives import INSTALL_HINT
 from ..hashing import DEFAULT_ALGORITHM, Unit, chunk_range
 from ..manifest import Manifest
@@ -69,6 +70,13 @@ class HashingFsspecWriter(FsspecWriter):
     :class:`~integrity_fs.storage.SealingWriter` (``growing=True``) with the digests it computes
     as S3 checksums, laid out so that ``verify(attested=True)`` reads nothing; elsewhere the
     stream of the file system is hashed on its way (on helper threads for large writes).
+
+    ``keep_last`` (for DCP's ``async_save``, which runs ``finish`` once every rank's part is
+    written): once the manifest is written, the coordinator prunes the run's directory (the
+    checkpoint's parent) with :func:`integrity_fs.prune` (``attested=True``), keeping the
+    ``keep_last`` newest checkpoints that verify and never deleting the one just written; a
+    prune that fails fails the save (the checkpoint is sealed by then). :func:`integrity_fs.dcp.save`
+    takes ``keep_last`` itself and prunes collectively instead.
     """
 
     def __init__(
@@ -79,8 +87,12 @@ class HashingFsspecWriter(FsspecWriter):
         granularity: str = "chunk",
         chunk_size: int | None = None,
         private_key: signing.PrivateKey | None = None,
+        keep_last: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if keep_last is not None:
+            check_keep_last(keep_last)
+        self.keep_last = keep_last
         hashing = Hashing(algorithm, granularity, chunk_size)
         chunk_size = hashing.chunk_size
         # Kept as PEM bytes: the writer is pickled for DCP's process executor, a key object is not picklable.
@@ -147,6 +159,8 @@ class HashingFsspecWriter(FsspecWriter):
         self.manifest = manifest
         computed = {f.name: f.checksums for f in files if f.checksums}
         storage.record_written(fs, root, manifest, computed, signed=self._signing_pem is not None)
+        if self.keep_last is not None:
+            prune(storage.parent(root), keep_last=self.keep_last, attested=True, keep=[root], fs=fs)
 
     def _written_files(self) -> list[WrittenFile]:
         prefix = os.fspath(self.path).rstrip("/") + "/"

@@ -9,6 +9,12 @@ each one when its own part is written; so the processes first wait for one anoth
 process that saves (rank 0; each node's first process with ``save_on_each_node``) seals, and every
 process gets the same outcome: a failed seal raises on every rank, never leaving the others waiting.
 
+With ``keep_last=N`` the callback also prunes: after sealing each checkpoint it deletes old
+``checkpoint-N`` folders by :func:`integrity_fs.prune`'s rule (keep the ``N`` newest that verify,
+delete only what is older than the oldest of them; ``state.best_model_checkpoint`` and the folder
+just written are never deleted), which the Trainer's own rotation (``save_total_limit``, by name
+alone) cannot do: set ``save_total_limit=None`` with it (the callback warns when both are set).
+
 :func:`latest_verified_checkpoint` is the folder to pass to
 ``trainer.train(resume_from_checkpoint=...)``: the newest ``checkpoint-N`` that verifies, skipping
 damaged, unsealed (still being written, or written before sealing) and vanished (rotated away)
@@ -21,11 +27,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Any
 
 from .. import checkpoints, signing
+from ..checkpoints import PruneResult, check_keep_last
 from ..collectives import Call, all_gather, group_of
 from ..distributed import agreed_candidates
+from ..distributed import prune as collective_prune
 from ..distributed import verify as collective_verify
 from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY
 from ..manifest import Manifest
@@ -56,20 +65,40 @@ class IntegrityCallback(TrainerCallback):
     the Trainer writes again (the same step, after resuming from an earlier checkpoint) is sealed
     again: its manifest then describes what the Trainer has just written. ``sealed`` lists the
     folders this callback sealed, in order.
+
+    ``keep_last``: after each seal, prune ``output_dir``'s ``checkpoint-N`` folders, keeping the
+    ``keep_last`` newest that verify (every file hashed) and ``state.best_model_checkpoint``;
+    other folders are never touched. ``pruned`` lists what each prune did. Under a distributed
+    Trainer every process takes part (the hashing is shared) and the process that saves deletes.
     """
 
     def __init__(
         self,
         private_key: signing.PrivateKey | None = None,
         *,
+        keep_last: int | None = None,
         algorithm: str = DEFAULT_ALGORITHM,
         granularity: str = DEFAULT_GRANULARITY,
         chunk_size: int | None = None,
     ) -> None:
         options = seal_options(algorithm, granularity, chunk_size, True, private_key)
+        if keep_last is not None:
+            check_keep_last(keep_last)
         self._algorithm, self._granularity, self._chunk_size = algorithm, granularity, chunk_size
         self._key = options.key
+        self.keep_last = keep_last
         self.sealed: list[str] = []
+        self.pruned: list[PruneResult] = []
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.keep_last is not None and args.save_total_limit:
+            warnings.warn(
+                f"IntegrityCallback(keep_last={self.keep_last}) and save_total_limit={args.save_total_limit} both "
+                "delete checkpoints: the Trainer's rotation goes by name alone and may delete the last one that "
+                "verifies; set save_total_limit=None",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         folder = os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -77,11 +106,22 @@ class IntegrityCallback(TrainerCallback):
         if g is None:  # one process (or processes that share no torch.distributed group)
             if args.should_save:
                 self._seal(folder)
+                self._prune(args, state, folder)
             return
         call = Call(g)
         all_gather(g, None)  # every process has written its part of the checkpoint
         outcome = call.attempt(lambda: self._seal(folder).to_json()) if args.should_save else None
         call.raise_first(all_gather(g, outcome))
+        self._prune(args, state, folder)
+
+    def _prune(self, args: TrainingArguments, state: TrainerState, folder: str) -> None:
+        if self.keep_last is None:
+            return
+        keep = [folder] + ([state.best_model_checkpoint] if state.best_model_checkpoint else [])
+        result = collective_prune(
+            str(args.output_dir), keep_last=self.keep_last, keep=keep, match=CHECKPOINT_NAME.pattern
+        )
+        self.pruned.append(result)
 
     def _seal(self, folder: str) -> Manifest:
         manifest = seal(

@@ -23,7 +23,8 @@ from .listing import (
 )
 from .read import BLOCK_SIZE, ProgressFn, Range, Sink, fresh_size, hash_range, open_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
-from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, place, resolve
+from .removing import Folder, folder_of, remove_folders
+from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, parent, place, resolve
 from .write import (
     SealingWriter,
     Written,
@@ -42,6 +43,7 @@ __all__ = [
     "NOT_CONTENT",
     "Cancelled",
     "FileGrewError",
+    "Folder",
     "NotARegularFileError",
     "Place",
     "ProgressFn",
@@ -64,6 +66,7 @@ __all__ = [
     "describe",
     "exists",
     "file_folder_clashes",
+    "folder_of",
     "forget_cached",
     "fresh_size",
     "hash_range",
@@ -81,6 +84,7 @@ __all__ = [
     "on_loop",
     "open_range",
     "overlap",
+    "parent",
     "place",
     "plan_recording",
     "read_file",
@@ -89,6 +93,7 @@ __all__ = [
     "record_written",
     "remove_file",
     "remove_files",
+    "remove_folders",
     "resolve",
     "stamp_of",
     "stat_file",

@@ -111,9 +111,12 @@ async def head_size(fs: fsspec.AbstractFileSystem, path: str, etag: str | None =
     return int(out["ContentLength"])
 
 
-def delete_objects(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[str]:
+def delete_objects(
+    fs: fsspec.AbstractFileSystem, paths: Iterable[str], *, errors: list[str] | None = None
+) -> list[str]:
     """Delete the objects at ``paths`` (those already gone are fine), up to 1,000 a request; the
-    paths S3 did not delete (a request that failed leaves all of its paths)."""
+    paths S3 did not delete (a request that failed leaves all of its paths). ``errors`` receives
+    what S3 (or the request) said about each failure, for a caller that raises."""
     keys: dict[str, dict[str, str]] = {}
     for path in paths:
         bucket, key = bucket_and_key(fs, path)
@@ -130,8 +133,13 @@ def delete_objects(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[
             except Exception as exc:
                 log.info("deleting %d objects from %s failed: %s", len(batch), bucket, exc)
                 left += [named[key] for key in batch]
+                if errors is not None:
+                    errors.append(f"{type(exc).__name__}: {exc}")
                 continue
-            left += [named[e["Key"]] for e in out.get("Errors", []) if e.get("Key") in named]
+            failed = [e for e in out.get("Errors", []) if e.get("Key") in named]
+            left += [named[e["Key"]] for e in failed]
+            if errors is not None:
+                errors += [f"{e.get('Code', 'Error')} ({e.get('Message', '')}) on {e['Key']}" for e in failed]
     for named in keys.values():
         for path in named.values():
             fs.invalidate_cache(path)

@@ -26,7 +26,18 @@ from .errors import storage_errors
 from .gcs import is_gcs
 from .s3 import is_s3
 
-__all__ = ["Place", "beneath_caches", "describe", "is_local", "join", "local_filesystem", "overlap", "place", "resolve"]
+__all__ = [
+    "Place",
+    "beneath_caches",
+    "describe",
+    "is_local",
+    "join",
+    "local_filesystem",
+    "overlap",
+    "parent",
+    "place",
+    "resolve",
+]
 
 
 def resolve(
@@ -109,6 +120,12 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 
 def join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}"
+
+
+def parent(path: str) -> str:
+    """The folder that holds ``path`` (a path inside its filesystem, as :func:`resolve` returns)."""
+    head = path.rstrip("/").rsplit("/", 1)[0]
+    return head or "/"
 
 
 def describe(fs: fsspec.AbstractFileSystem, root: str) -> str:

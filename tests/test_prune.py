@@ -1,0 +1,520 @@
+"""Retention: prune keeps the keep_last newest checkpoints that verify and deletes only what is
+older, on local disk, memory, S3 (moto) and GCS (emulator). The collective version runs in
+tests/dist_latest_worker.py (test_checkpoints.py), the command line in test_cli_checkpoints.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import gcsfs
+import pytest
+import s3fs
+from botocore.exceptions import ClientError
+from cli_run import make_keys
+from conftest import AfterListing, Backend, backends
+from fsspec.callbacks import Callback
+from fsspec.implementations.memory import MemoryFileSystem
+
+import integrity_fs as ifs
+from integrity_fs import MANIFEST_FILENAME, checkpoints
+
+local_and_s3 = backends("local", "s3")
+
+
+def _url(store: Backend, name: str) -> str:
+    return f"{store.url}/{name}"
+
+
+def _checkpoint(store: Backend, name: str, *, seal: bool = True, size: int = 3000) -> None:
+    store.write(f"{name}/model.bin", os.urandom(size))
+    store.write(f"{name}/sub/optim.bin", os.urandom(size // 3))
+    if seal:
+        ifs.seal(_url(store, name), storage_options=store.storage_options)
+
+
+def _run(store: Backend, *names: str) -> None:
+    for name in names:
+        _checkpoint(store, name)
+
+
+def _folders(store: Backend) -> set[str]:
+    """The top-level folders under the root that hold any file."""
+    return {name.split("/", 1)[0] for name in store.listdir() if "/" in name}
+
+
+def _held(store: Backend, *names: str) -> int:
+    """The bytes of every file of the checkpoints ``names`` (manifest and sidecar included)."""
+    return sum(len(store.read(f)) for f in store.listdir() if f.split("/", 1)[0] in names)
+
+
+def _prune(store: Backend, **kw: Any) -> ifs.PruneResult:
+    return ifs.prune(store.url, storage_options=store.storage_options, **kw)
+
+
+def _urls(store: Backend, *names: str) -> tuple[str, ...]:
+    return tuple(_url(store, name) for name in names)
+
+
+# --- the rule --------------------------------------------------------------------------------------
+
+
+def test_the_two_newest_damaged_the_good_ones_behind_them_are_kept(backend: Backend) -> None:
+    _run(backend, "step_1", "step_2", "step_3", "step_4", "step_5")
+    backend.corrupt("step_5/model.bin", 100)  # same size: only hashing sees it
+    backend.truncate("step_4/sub/optim.bin", 10)
+    before = {name: backend.read(name) for name in backend.listdir() if name.startswith(("step_3", "step_4", "step_5"))}
+    held = _held(backend, "step_1")
+
+    result = _prune(backend, keep_last=2)
+
+    assert result.kept == _urls(backend, "step_3", "step_2")
+    assert result.deleted == _urls(backend, "step_1")
+    assert result.left == _urls(backend, "step_5", "step_4")  # newer than the oldest kept: never deleted
+    assert result.verdicts == dict(
+        zip(
+            _urls(backend, "step_5", "step_4", "step_3", "step_2", "step_1"),
+            ["damaged", "damaged", "ok", "ok", "ok"],
+            strict=True,
+        )
+    )
+    assert _folders(backend) == {"step_2", "step_3", "step_4", "step_5"}
+    assert {name: backend.read(name) for name in before} == before  # not a byte of them changed
+    assert result.bytes_freed == held > 4000  # its files, its manifest (and the sidecar of store checksums)
+    assert not result.dry_run
+    found = ifs.latest_verified(backend.url, storage_options=backend.storage_options)
+    assert found is not None and found[0] == _url(backend, "step_3")
+
+
+def test_bytes_freed_counts_every_file_deleted(local_and_s3: Backend) -> None:
+    _run(local_and_s3, "step_1", "step_2", "step_3")
+    local_and_s3.write("step_1/.hidden/notes.txt", b"12345")  # whatever the folder holds goes with it
+    held = _held(local_and_s3, "step_1", "step_2")
+    manifests = sum(len(local_and_s3.read(f"step_{n}/{MANIFEST_FILENAME}")) for n in (1, 2))
+    result = _prune(local_and_s3, keep_last=1)
+    assert result.deleted == _urls(local_and_s3, "step_2", "step_1")
+    assert result.bytes_freed == held >= 2 * (3000 + 1000) + 5 + manifests
+    assert _folders(local_and_s3) == {"step_3"}
+
+
+def test_a_save_in_progress_survives_and_old_unsealed_ones_only_with_unsealed(backend: Backend) -> None:
+    _checkpoint(backend, "step_0", seal=False)  # written before sealing was there
+    _run(backend, "step_1", "step_2", "step_3")
+    _checkpoint(backend, "step_4", seal=False)  # a save still being written: the newest
+    result = _prune(backend, keep_last=2)
+    assert result.kept == _urls(backend, "step_3", "step_2")
+    assert result.deleted == _urls(backend, "step_1")
+    assert result.left == _urls(backend, "step_4", "step_0")
+    assert result.verdicts[_url(backend, "step_4")] == "unsealed"
+
+    again = _prune(backend, keep_last=2, unsealed=True)
+    assert again.deleted == _urls(backend, "step_0")
+    assert again.left == _urls(backend, "step_4")  # newer than the kept ones: never, unsealed or not
+    assert _folders(backend) == {"step_2", "step_3", "step_4"}
+
+
+def test_fewer_verified_than_keep_last_deletes_nothing(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    _run(backend, "step_1", "step_2", "step_3")
+    backend.corrupt("step_3/model.bin")
+    backend.corrupt("step_2/model.bin")
+    before = backend.listdir()
+    result = _prune(backend, keep_last=2)
+    assert result.kept == _urls(backend, "step_1") and result.deleted == ()
+    assert result.left == _urls(backend, "step_3", "step_2") and result.bytes_freed == 0
+    assert backend.listdir() == before
+    assert any("fewer than keep_last=2" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_invalid_and_damaged_older_ones(local_and_s3: Backend) -> None:
+    """Older than the oldest kept: damaged ones are deleted, invalid ones (a manifest this
+    installation cannot read) left."""
+    _run(local_and_s3, "step_1", "step_2", "step_3", "step_4")
+    local_and_s3.write(f"step_2/{MANIFEST_FILENAME}", b"{not json")
+    local_and_s3.truncate("step_1/model.bin", 5)
+    result = _prune(local_and_s3, keep_last=2)
+    assert result.deleted == _urls(local_and_s3, "step_1")
+    assert result.left == _urls(local_and_s3, "step_2")
+    assert result.verdicts[_url(local_and_s3, "step_2")] == "invalid"
+    assert result.verdicts[_url(local_and_s3, "step_1")] == "damaged"
+
+
+def test_dry_run_deletes_nothing_and_is_the_plan_the_real_run_executes(backend: Backend) -> None:
+    _checkpoint(backend, "step_0", seal=False)
+    _run(backend, "step_1", "step_2", "step_3", "step_4", "step_5")
+    backend.corrupt("step_5/model.bin")
+    backend.corrupt("step_1/model.bin")
+    before = {name: backend.read(name) for name in backend.listdir()}
+
+    dry = _prune(backend, keep_last=2, unsealed=True, dry_run=True)
+    assert {name: backend.read(name) for name in backend.listdir()} == before
+    assert dry.dry_run and dry.deleted == _urls(backend, "step_2", "step_1", "step_0") and dry.bytes_freed > 0
+
+    real = _prune(backend, keep_last=2, unsealed=True)
+    assert real == dataclasses.replace(dry, dry_run=False)
+    assert _folders(backend) == {"step_3", "step_4", "step_5"}
+
+
+def test_quick_and_attested_judge_as_verify_does(s3_backend: Backend) -> None:
+    _run(s3_backend, "step_1", "step_2", "step_3")
+    s3_backend.corrupt("step_3/model.bin")  # the same size: a listing cannot see it
+    quick = _prune(s3_backend, keep_last=2, quick=True, dry_run=True)
+    assert quick.kept == _urls(s3_backend, "step_3", "step_2") and quick.deleted == _urls(s3_backend, "step_1")
+    attested = _prune(s3_backend, keep_last=2, attested=True, dry_run=True)  # what no checksum attests is read
+    assert attested.verdicts[_url(s3_backend, "step_3")] == "damaged"
+    assert attested.kept == _urls(s3_backend, "step_2", "step_1") and attested.deleted == ()
+
+
+def test_keep_and_match(local_and_s3: Backend) -> None:
+    _run(local_and_s3, "step_1", "step_2", "step_3", "step_4", "final-9")
+    result = _prune(local_and_s3, keep_last=1, keep=[_url(local_and_s3, "step_2"), "step_1"], match=r"step_[0-9]+")
+    assert result.kept == _urls(local_and_s3, "step_4", "step_2", "step_1")
+    assert result.deleted == _urls(local_and_s3, "step_3")
+    assert _url(local_and_s3, "final-9") not in result.verdicts
+    assert _folders(local_and_s3) == {"final-9", "step_1", "step_2", "step_4"}
+
+
+def test_hidden_and_staging_folders_are_never_touched(local_and_s3: Backend) -> None:
+    _run(local_and_s3, "_staging_step_0", ".tmp_step_1", "step_2", "step_3", "step_4")
+    result = _prune(local_and_s3, keep_last=1)
+    assert result.deleted == _urls(local_and_s3, "step_3", "step_2")
+    assert _folders(local_and_s3) == {"_staging_step_0", ".tmp_step_1", "step_4"}
+
+
+def test_bad_input(local_and_s3: Backend) -> None:
+    _run(local_and_s3, "step_1", "step_2")
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="keep_last must be at least 1"):
+            _prune(local_and_s3, keep_last=bad)
+    for wrong in (True, "2", 1.0):
+        with pytest.raises(TypeError, match="keep_last must be an integer"):
+            _prune(local_and_s3, keep_last=wrong)
+    with pytest.raises(ValueError, match="exclude each other"):
+        _prune(local_and_s3, keep_last=1, quick=True, attested=True)
+    with pytest.raises(ValueError, match="not a regular expression"):
+        _prune(local_and_s3, keep_last=1, match="step_(")
+    with pytest.raises(FileNotFoundError) as missing:
+        ifs.prune(_url(local_and_s3, "nope"), keep_last=1, storage_options=local_and_s3.storage_options)
+    assert not isinstance(missing.value, ifs.ManifestNotFoundError)
+    assert _folders(local_and_s3) == {"step_1", "step_2"}
+
+
+def test_a_checkpoint_changing_while_it_is_judged_is_never_deleted(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    for n in (1, 2, 3):
+        (root / f"step_{n}").mkdir(parents=True)
+        (root / f"step_{n}" / "model.bin").write_bytes(os.urandom(1 << 20))
+        ifs.seal(root / f"step_{n}")
+
+    def rewrite() -> None:  # another writer, after the newest one was listed, before it is read
+        victim = root / "step_3" / "model.bin"
+        fresh = victim.with_name("model.bin.new")
+        fresh.write_bytes(victim.read_bytes())
+        os.replace(fresh, victim)
+
+    class Once(AfterListing):  # the first verification only: the newest checkpoint's
+        def set_size(self, size: int) -> None:
+            if self.change is not None:
+                change, self.change = self.change, None
+                change()
+            Callback.set_size(self, size)
+
+    result = ifs.prune(root, keep_last=1, callback=Once(rewrite))
+    assert result.verdicts[str(root / "step_3")] == "changing"
+    assert result.left == (str(root / "step_3"),) and result.kept == (str(root / "step_2"),)
+    assert result.deleted == (str(root / "step_1"),)
+
+
+def test_with_a_public_key_only_signed_checkpoints_verify(tmp_path: Path) -> None:
+    keys, other = make_keys(tmp_path), make_keys(tmp_path, "other")
+    root = tmp_path / "run"
+    for n in (1, 2, 3, 4):
+        (root / f"step_{n}").mkdir(parents=True)
+        (root / f"step_{n}" / "model.bin").write_bytes(os.urandom(1000))
+        ifs.seal(root / f"step_{n}", private_key=other.private if n == 4 else keys.private)
+    result = ifs.prune(root, keep_last=2, public_key=keys.public)
+    assert result.verdicts[str(root / "step_4")] == "damaged"  # signed by another key
+    assert result.kept == (str(root / "step_3"), str(root / "step_2"))
+    assert result.deleted == (str(root / "step_1"),)
+    assert not (root / "step_1").exists()
+
+
+# --- storage errors ----------------------------------------------------------------------------------
+
+
+class _DeniedMemory(MemoryFileSystem):  # type: ignore[misc]
+    """The memory store where reading anything of ``denied`` fails, as an outage does."""
+
+    protocol = "deniedmemory"
+    denied = ""
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+        if self.denied and self.denied in path:
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer (injected)")
+        return super().cat_file(path, start, end, **kwargs)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if self.denied and self.denied in path:
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer (injected)")
+        return super()._open(path, mode, **kwargs)
+
+
+class _DeniedS3(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Real S3 (moto) refusing every read of one checkpoint's objects, as S3 refuses them."""
+
+    denied = ""
+
+    async def _call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object" and self.denied and self.denied in kwargs.get("Key", ""):
+
+            async def refuse(**_: Any) -> Any:
+                raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+
+            return await s3fs.core._error_wrapper(refuse, kwargs={}, retries=1)
+        return await super()._call_s3(method, *args, **kwargs)
+
+
+class _DeniedGCS(gcsfs.GCSFileSystem):  # type: ignore[misc]
+    """The GCS emulator refusing every read of one checkpoint's objects, as gcsfs reports a 403."""
+
+    denied = ""
+
+    async def _cat_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if self.denied and self.denied in path:
+            raise OSError(f"Forbidden: {path}\nAccess denied (injected)")
+        return await super()._cat_file(path, *args, **kwargs)
+
+
+@contextmanager
+def _outage(store: Backend, victim: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Reads of the checkpoint ``victim`` fail with a storage error; yields the keyword arguments
+    (``fs=`` or ``storage_options=``) that reach the store through the failing path."""
+    if store.name == "local":
+        real_open = os.open
+
+        def failing_open(path: Any, *args: Any, **kwargs: Any) -> int:
+            if f"/{victim}/" in os.fspath(path):
+                raise OSError(errno.EIO, "Input/output error (injected)", os.fspath(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", failing_open)
+        try:
+            yield {"storage_options": {}}
+        finally:
+            monkeypatch.setattr(os, "open", real_open)
+        return
+    kinds: dict[str, Any] = {"memory": _DeniedMemory, "s3": _DeniedS3, "gcs": _DeniedGCS}
+    fs = kinds[store.name](skip_instance_cache=True, **store.storage_options)
+    fs.denied = f"/{victim}/"
+    yield {"fs": fs}
+
+
+def test_an_outage_while_judging_deletes_nothing(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run(backend, "step_1", "step_2", "step_3", "step_4")
+    before = {name: backend.read(name) for name in backend.listdir()}
+    url = backend.root if backend.name != "local" else backend.url
+    injected = "injected|Access ?Denied|Forbidden"
+    with _outage(backend, "step_1", monkeypatch) as where, pytest.raises(OSError, match=injected) as err:
+        ifs.prune(url, keep_last=1, **where)  # step_1, judged last, cannot be read
+    assert not isinstance(err.value, (ifs.ManifestNotFoundError, FileNotFoundError))
+    assert {name: backend.read(name) for name in backend.listdir()} == before  # not step_3 nor step_2 either
+    assert _prune(backend, keep_last=1).deleted == _urls(backend, "step_3", "step_2", "step_1")
+
+
+def test_an_outage_while_deleting_leaves_unsealed_folders(s3_backend: Backend) -> None:
+    """S3 refuses to delete one checkpoint's files: that prune raises, having deleted only manifests."""
+    _run(s3_backend, "step_1", "step_2", "step_3")
+
+    class NoDeletes(s3fs.S3FileSystem):  # type: ignore[misc]
+        async def _call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+            keys = [o["Key"] for o in kwargs.get("Delete", {}).get("Objects", [])]
+            if method == "delete_objects" and any(k.endswith("model.bin") for k in keys):
+                return {"Errors": [{"Key": k, "Code": "AccessDenied", "Message": "Access Denied"} for k in keys]}
+            return await super()._call_s3(method, *args, **kwargs)
+
+    fs = NoDeletes(skip_instance_cache=True, **s3_backend.storage_options)
+    with pytest.raises(OSError, match="AccessDenied"):
+        ifs.prune(s3_backend.root, keep_last=1, fs=fs)
+    for name in ("step_1", "step_2"):
+        with pytest.raises(ifs.ManifestNotFoundError):
+            ifs.verify(_url(s3_backend, name), storage_options=s3_backend.storage_options)
+        assert f"{name}/model.bin" in s3_backend.listdir()
+
+
+# --- the deletion itself ------------------------------------------------------------------------------
+
+
+class _Interrupt(logging.Handler):
+    """Ctrl-C at the moment a prune has unsealed its checkpoints and not yet deleted their files."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("unsealed "):
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_prune_leaves_unsealed_folders_that_latest_verified_skips(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    _run(backend, "step_1", "step_2", "step_3", "step_4")
+    logger = logging.getLogger("integrity_fs")
+    handler, level = _Interrupt(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _prune(backend, keep_last=2)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    files = backend.listdir()
+    for name in ("step_1", "step_2"):
+        assert f"{name}/{MANIFEST_FILENAME}" not in files and f"{name}/model.bin" in files
+    for name in ("step_3", "step_4"):  # the kept ones: untouched
+        assert ifs.verify(_url(backend, name), storage_options=backend.storage_options).ok
+        backend.fs.rm(backend.path(name), recursive=True)  # and then lost
+    backend.fs.invalidate_cache()
+    caplog.clear()
+    assert ifs.latest_verified(backend.url, storage_options=backend.storage_options) is None
+    assert [r.getMessage().split(" (")[1].split(")")[0] for r in caplog.records if r.levelno == logging.WARNING] == [
+        "unsealed",
+        "unsealed",
+    ]
+
+
+_KILLED_AT_UNSEAL = """
+import logging, os, signal, sys
+import integrity_fs as ifs
+
+class Kill(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("unsealed "):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+logger = logging.getLogger("integrity_fs")
+logger.addHandler(Kill())
+logger.setLevel(logging.INFO)
+ifs.prune(sys.argv[1], keep_last=1)
+"""
+
+
+def test_a_prune_killed_between_manifests_and_files_leaves_unsealed_folders(tmp_path: Path) -> None:
+    keys = make_keys(tmp_path)
+    root = tmp_path / "run"
+    for n in (1, 2, 3):
+        (root / f"step_{n}" / "sub").mkdir(parents=True)
+        (root / f"step_{n}" / "model.bin").write_bytes(os.urandom(1000))
+        (root / f"step_{n}" / "sub" / "optim.bin").write_bytes(os.urandom(100))
+        ifs.seal(root / f"step_{n}", private_key=keys.private)
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_UNSEAL, str(root)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    for n in (1, 2):
+        folder = root / f"step_{n}"
+        assert sorted(p.name for p in folder.rglob("*")) == [
+            "model.bin",
+            "optim.bin",
+            "sub",
+        ]  # no manifest, no model.sig
+        with pytest.raises(ifs.ManifestNotFoundError):
+            ifs.verify(folder)
+    assert ifs.verify(root / "step_3", public_key=keys.public).ok
+    assert [r.verdict for r in checkpoints.status(root)] == [
+        "ok",
+        "unsealed",
+        "unsealed",
+    ]
+    assert ifs.prune(root, keep_last=1, unsealed=True).deleted == (str(root / "step_2"), str(root / "step_1"))
+
+
+def test_local_links_are_removed_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "ckpt").mkdir(parents=True)
+    (outside / "ckpt" / "model.bin").write_bytes(b"elsewhere" * 100)
+    ifs.seal(outside / "ckpt")
+    (outside / "dir").mkdir()
+    (outside / "dir" / "keep.bin").write_bytes(b"keep")
+    (outside / "file.bin").write_bytes(b"keep too")
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "step_1").symlink_to(outside / "ckpt", target_is_directory=True)  # a checkpoint folder that is a link
+    step_2 = root / "step_2"
+    step_2.mkdir()
+    (step_2 / "model.bin").write_bytes(os.urandom(500))
+    (step_2 / "linked.bin").symlink_to(outside / "file.bin")  # links inside it, leaving the root
+    (step_2 / "linked_dir").symlink_to(outside / "dir", target_is_directory=True)
+    ifs.seal(step_2)
+    for n in (3, 4):
+        (root / f"step_{n}").mkdir()
+        (root / f"step_{n}" / "model.bin").write_bytes(os.urandom(500))
+        ifs.seal(root / f"step_{n}")
+    before = sorted((str(p), p.read_bytes()) for p in outside.rglob("*") if p.is_file())
+    manifest = len((step_2 / MANIFEST_FILENAME).read_bytes())
+
+    result = ifs.prune(root, keep_last=2)
+
+    assert result.deleted == (str(root / "step_2"), str(root / "step_1"))
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4"]
+    assert sorted((str(p), p.read_bytes()) for p in outside.rglob("*") if p.is_file()) == before
+    assert ifs.verify(outside / "ckpt").ok  # the link went, not its manifest
+    assert result.bytes_freed == 500 + manifest  # links free nothing: only step_2's own file and manifest
+
+
+class _CountingS3(s3fs.S3FileSystem):  # type: ignore[misc]
+    """Real S3 (moto), counting the requests of each kind."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    async def _call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(method)
+        return await super()._call_s3(method, *args, **kwargs)
+
+
+def test_s3_deletes_in_batches_folder_markers_included(s3_backend: Backend) -> None:
+    for n in range(1, 6):
+        for i in range(8):
+            s3_backend.write(f"step_{n}/shard_{i}.bin", os.urandom(100))
+        ifs.seal(_url(s3_backend, f"step_{n}"), storage_options=s3_backend.storage_options)
+        s3_backend.folder_marker(f"step_{n}")
+        s3_backend.folder_marker(f"step_{n}/empty")
+    held = _held(s3_backend, "step_1", "step_2", "step_3", "step_4")
+    fs = _CountingS3(skip_instance_cache=True, **s3_backend.storage_options)
+    result = ifs.prune(s3_backend.root, keep_last=1, fs=fs)
+    assert len(result.deleted) == 4
+    assert fs.calls.count("delete_objects") == 2  # the manifests of all four, then everything else
+    assert "delete_object" not in fs.calls  # no request per object
+    s3_backend.fs.invalidate_cache()
+    assert s3_backend.fs.find(s3_backend.path("step_1"), withdirs=True) == []  # the folder markers too
+    assert _folders(s3_backend) == {"step_5"}
+    assert result.bytes_freed == held
+
+
+def test_the_default_is_to_hash_and_a_storage_error_is_no_verdict(tmp_path: Path) -> None:
+    fs = _DeniedMemory(skip_instance_cache=True)
+    root = f"/prune-{uuid.uuid4().hex}"
+    try:
+        for n in (1, 2, 3):
+            fs.pipe_file(f"{root}/step_{n}/w.bin", os.urandom(100))
+            ifs.seal(f"{root}/step_{n}", fs=fs)
+        fs.denied = "/step_3/"
+        with pytest.raises(ConnectionResetError):
+            ifs.prune(root, keep_last=1, fs=fs)
+        fs.denied = ""
+        assert ifs.prune(root, keep_last=1, fs=fs).kept == (f"deniedmemory://{root}/step_3",)
+    finally:
+        fsspec.filesystem("memory").rm(root, recursive=True)
