@@ -263,6 +263,8 @@ def test_an_empty_file_under_model_signing_shards_passes_while_it_is_empty(
         store.write(name, data)
 
     assert ifs.verify(store.url, strict=True, **keyed).files_checked == len(FILES)  # no manifest
+    assert ifs.verify(store.url, attested=True, **keyed).ok
+    assert ifs.verify(store.url, quick=True, **keyed).ok
     sealed = ifs.seal(store.url, granularity="chunk", chunk_size=CHUNK, **where)
     assert sealed.chunks is not None and sealed.chunks["empty.bin"] == (hashlib.sha256(b"").hexdigest(),)
     assert ifs.verify(store.url, strict=True, **keyed).files_checked == len(FILES)
