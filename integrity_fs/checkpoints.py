@@ -53,6 +53,7 @@ __all__ = [
     "prune_settings",
     "signed_name",
     "status",
+    "statuses",
     "verdict_of",
 ]
 
@@ -266,11 +267,39 @@ def status(
     """
     key = None if public_key is None else signing.load_public_key(public_key)
     fs_, root_ = storage.resolve(root, storage_options, fs)
-    paths = {name: storage.join(root_, name) for name in checkpoint_names(fs_, root_)}
+
+    def judge_one(path: str, share: Callback | None) -> None:
+        verify(
+            path,
+            fs=fs_,
+            max_workers=max_workers,
+            callback=share,
+            strict=strict,
+            quick=not full,
+            public_key=key,
+            expected_name=signed_name(path, key),
+        )
+
+    return statuses(fs_, root_, checkpoint_names(fs_, root_), judge_one, full=full, callback=callback)
+
+
+def statuses(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    names: Sequence[str],
+    judge_one: Callable[[str, Callback | None], object],
+    *,
+    full: bool = False,
+    callback: Callback | None = None,
+) -> list[CheckpointStatus]:
+    """:func:`status` of the checkpoints ``names`` under ``root``: each one whose manifest is
+    valid is judged by ``judge_one(path, callback)``, which raises as :func:`integrity_fs.verify`
+    does (``distributed.status`` passes a collective one; ``callback`` sees the bytes it hashes)."""
+    paths = {name: storage.join(root, name) for name in names}
     manifests: dict[str, Manifest | Exception] = {}
     for name, path in paths.items():
-        with _unless_vanished(fs_, path):
-            manifests[name] = _manifest_or_error(fs_, path)
+        with _unless_vanished(fs, path):
+            manifests[name] = _manifest_or_error(fs, path)
     share = None
     if full and callback is not None:
         callback.set_size(sum(m.total_bytes or 0 for m in manifests.values() if isinstance(m, Manifest)))
@@ -278,20 +307,8 @@ def status(
     out = []
     for name, manifest in manifests.items():
         path = paths[name]
-        with _unless_vanished(fs_, path):
-            out.append(
-                _status_of(
-                    fs_,
-                    path,
-                    name,
-                    manifest,
-                    full=full,
-                    strict=strict,
-                    max_workers=max_workers,
-                    callback=share,
-                    key=key,
-                )
-            )
+        with _unless_vanished(fs, path):
+            out.append(_status_of(fs, path, name, manifest, judge_one, share))
     return out
 
 
@@ -336,12 +353,8 @@ def _status_of(
     path: str,
     name: str,
     manifest: Manifest | Exception,
-    *,
-    full: bool,
-    strict: bool,
-    max_workers: int | None,
+    judge_one: Callable[[str, Callback | None], object],
     callback: Callback | None,
-    key: Any = None,
 ) -> CheckpointStatus:
     url = checkpoint_url(fs, path)
     if isinstance(manifest, ManifestNotFoundError):
@@ -353,16 +366,7 @@ def _status_of(
         listing = storage.list_files(fs, path)
         nbytes = sum(size for file, size in listing.items() if file in manifest.files)
     try:
-        verify(
-            path,
-            fs=fs,
-            max_workers=max_workers,
-            callback=callback,
-            strict=strict,
-            quick=not full,
-            public_key=key,
-            expected_name=signed_name(path, key),
-        )
+        judge_one(path, callback)
     except FileChangedError as exc:
         return CheckpointStatus(name, url, True, files, nbytes, "changing", (), str(exc))
     except SignatureError as exc:

@@ -85,6 +85,7 @@ __all__ = [
     "prune",
     "seal",
     "shard_units",
+    "status",
     "verify",
 ]
 
@@ -416,6 +417,77 @@ def latest_verified(
         )
 
     return checkpoints.newest_that(candidates, attempt, warn=g.rank == 0)
+
+
+def status(
+    root: URL,
+    *,
+    group: ProcessGroup | None = None,
+    mode: Mode = "sharded",
+    full: bool = False,
+    strict: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    fs: fsspec.AbstractFileSystem | None = None,
+    max_workers: int | None = None,
+    public_key: signing.PublicKey | None = None,
+) -> list[checkpoints.CheckpointStatus]:
+    """:func:`integrity_fs.checkpoints.status` as a collective: the same list (or exception) on
+    every rank of ``group``.
+
+    The mode is agreed as for :func:`verify`; every rank lists ``root``, and all must see the same
+    checkpoints (else ``OSError``). Each is judged with :func:`verify`, newest first, so with
+    ``full`` its hashing is shared across the ranks (in ``mode``); ``full``, ``strict`` and
+    ``public_key`` are rank 0's, as :func:`verify` takes them. Rank 0 reads the manifests and
+    makes the list, which is every rank's. A storage error is raised on every rank.
+    """
+    g = group_of(group)
+    if g is None:
+        check_mode(mode)
+        return checkpoints.status(
+            root,
+            full=full,
+            strict=strict,
+            storage_options=storage_options,
+            fs=fs,
+            max_workers=max_workers,
+            public_key=public_key,
+        )
+    call = Call(g)
+    call.agree(mode)
+
+    def named(fs_: fsspec.AbstractFileSystem, root_: str) -> list[tuple[str, str]]:
+        names = checkpoints.checkpoint_names(fs_, root_)
+        return [(name, checkpoints.checkpoint_url(fs_, storage.join(root_, name))) for name in names]
+
+    names = [name for name, _url in _agreed(g, call, root, storage_options, fs, named)]
+    fs_, root_ = storage.resolve(root, storage_options, fs)
+    verdicts: dict[str, Exception | None] = {}
+    for name in names:
+        path = storage.join(root_, name)
+        try:  # the same outcome on every rank: every rank goes on alike
+            verify(
+                path,
+                group=group,
+                mode=mode,
+                fs=fs_,
+                max_workers=max_workers,
+                strict=strict,
+                quick=not full,
+                public_key=public_key,
+                expected_name=checkpoints.signed_name(path, public_key),
+            )
+            verdicts[path] = None
+        except Exception as exc:
+            if checkpoints.verdict_of(exc) is None:
+                raise  # a storage error, as status raises it
+            verdicts[path] = exc
+
+    def judged(path: str, _callback: Callback | None) -> None:
+        verdict = verdicts[path]
+        if verdict is not None:
+            raise verdict
+
+    return call.on_rank0(lambda: checkpoints.statuses(fs_, root_, names, judged, full=full))
 
 
 def agreed_candidates(

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import fsspec
 
@@ -22,6 +22,7 @@ from .options import VerifyOptions
 from .report import Problem, Report, printable
 
 __all__ = [
+    "InUse",
     "check_signature",
     "load_manifest",
     "load_manifest_if_any",
@@ -95,9 +96,10 @@ def check_signature(
     public_key: signing.PublicKey,
     *,
     expected_name: str | None = None,
-) -> Manifest:
+) -> tuple[Manifest, bool]:
     """Check the root's ``model.sig`` with ``public_key`` and against ``manifest``; the manifest
-    to verify content against (the signed digests when ``manifest`` is ``None``).
+    to verify content against (the signed digests when ``manifest`` is ``None``), and whether the
+    signature names every empty file it vouches for (:func:`signing.covers_empty_files`).
 
     ``SignatureError`` when the signature is missing (or not a regular file), invalid, covers
     other digests, or (``expected_name``) names another checkpoint than ``expected_name``.
@@ -116,21 +118,32 @@ def check_signature(
     signed = signing.open_bundle(data, public_key, location=location)
     if expected_name is not None:
         signing.check_model_name(signed, expected_name, location=location)
+    covers = signing.covers_empty_files(signed)
     if manifest is None:
-        return signing.to_manifest(signed, location=location)
+        return signing.to_manifest(signed, location=location), covers
     lines, problems = signing.differences(manifest, signed)
     if problems:
         report = Report(problems=tuple(problems))
         raise SignatureError(signing.describe_differences(lines), report, location)
-    return manifest
+    return manifest, covers
 
 
-def manifest_in_use(
-    fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions
-) -> tuple[Manifest, str | None, str | None]:
+class InUse(NamedTuple):
+    """The manifest a verification checks against (see :func:`manifest_in_use`)."""
+
+    manifest: Manifest
+    file: str | None  # the name of its file when that lies inside the root (never content)
+    kind: str | None  # the format of the manifest file read (None: none was)
+    #: Signed by model_signing's own shards, which cover no empty file: the root's empty files
+    #: pass while they are empty (:func:`signing.with_empty_files` adds them once listed).
+    empty_unsigned: bool = False
+
+
+def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions) -> InUse:
     """The manifest ``options`` name (the root's by default; a file in any format), its signature
     checked with ``options.key`` (and ``options.expected_name``); the name of its file when that
-    lies inside the root (never content), and the format of the file read (``None``: none was).
+    lies inside the root (never content), the format of the file read (``None``: none was), and
+    whether the signature leaves empty files to the listing (see :class:`InUse`).
 
     The one place verify, ``open`` and ``dcp.load`` learn what they check against.
     """
@@ -148,10 +161,11 @@ def manifest_in_use(
                 printable(os.fspath(wanted)),
                 signing.SIGNATURE_FILENAME,
             )
+    covers = True
     if options.key is not None:
-        found = check_signature(fs, root, found, options.key, expected_name=options.expected_name)
+        found, covers = check_signature(fs, root, found, options.key, expected_name=options.expected_name)
     assert found is not None
-    return found, in_use, kind
+    return InUse(found, in_use, kind, not covers)
 
 
 def write_sealed(

@@ -101,7 +101,7 @@ def open(
     serving, root = storage.resolve(url, storage_options, fs, through_caches=True)
     store = storage.beneath_caches(serving)
     options = verify_options(manifest=manifest, public_key=public_key)
-    found, _in_use, _kind = manifests.manifest_in_use(store, root, options)
+    found = manifests.manifest_in_use(store, root, options).manifest
     location = storage.describe(store, root)
     if name not in found.files:
         raise FileNotFoundError(f"{printable(name)} is not in the manifest of {location}")

@@ -245,9 +245,10 @@ def manifest_and_listing(
     The listing holds every file a verification must account for: temporary files left at the
     root by an interrupted write of ours are files here (extra, unless the manifest lists them),
     so ``strict`` and a signature see them. With a key, a file the signature does not cover is a
-    ``SignatureError``, ``strict`` or not (model_signing's verifier refuses such files too).
+    ``SignatureError``, ``strict`` or not (model_signing's verifier refuses such files too), except
+    an empty file under model_signing's own shards (no shard can cover it; its verifier accepts it).
     """
-    found, in_use, kind = manifests.manifest_in_use(fs, root, options)
+    found, in_use, kind, empty_unsigned = manifests.manifest_in_use(fs, root, options)
     if sizes is not None:
         listing = dict(sizes)
     else:  # quick: in the store's order (only compared with the manifest; sorting is a sixth of the cost)
@@ -256,6 +257,8 @@ def manifest_and_listing(
         )
     if in_use is not None:
         listing.pop(in_use, None)
+    if empty_unsigned:  # model_signing's shards: the root's empty files pass while empty
+        found = signing.with_empty_files(found, listing)
     if options.key is not None:
         check_covered(found, listing, storage.describe(fs, root))
     return found, listing, kind
@@ -270,11 +273,8 @@ def check_covered(signed: Manifest, listing: Mapping[str, int], location: str) -
     shown = ", ".join(printable(n) for n in uncovered[:10]) + (
         f" and {len(uncovered) - 10} more" if len(uncovered) > 10 else ""
     )
-    why = ""
-    if signed.granularity == "chunk" and any(listing[name] == 0 for name in uncovered):
-        why = " (model_signing's shard serialization signs no empty file; sign with integrity_fs, or by files)"
     report = Report(problems=tuple(Problem(name, "extra", actual=listing[name]) for name in uncovered))
-    raise SignatureError(f"files the signature does not cover: {shown}{why}", report, location)
+    raise SignatureError(f"files the signature does not cover: {shown}", report, location)
 
 
 def log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:

@@ -27,7 +27,7 @@ from read_counting import CountingS3Server
 from safetensors.torch import load_file, save_file
 
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, SignatureError
 from integrity_fs.integrations.safetensors import INDEX_NAME, WEIGHTS_NAME, load_state_dict
 
 #: Small chunks, so that tensors start and end inside chunks and span several.
@@ -174,6 +174,31 @@ def test_a_flipped_byte_in_the_last_shard_or_the_index_raises(tmp_path: Path, gr
         data[-2] ^= 1
         (local / name).write_bytes(bytes(data))
     assert sorted(load_state_dict(local)) == sorted(_shard_tensors(local))
+
+
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+def test_a_signed_directory_loads_with_its_key_and_is_refused_with_another_or_a_rewritten_manifest(
+    tmp_path: Path, granularity: str
+) -> None:
+    """``public_key`` checks ``model.sig`` as ``integrity_fs.open`` does: a shard changed and the
+    manifest rewritten to match loads without a key, and never with one."""
+    ec = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ec")
+    key, other = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    local = _sharded_model(tmp_path)
+    ifs.seal(local, private_key=key, **GRANULARITIES[granularity])
+    _same(load_state_dict(local, public_key=key.public_key()), _shard_tensors(local))
+    with pytest.raises(SignatureError, match="another key"):
+        load_state_dict(local, public_key=other.public_key())
+    first = sorted(set(json.loads((local / INDEX_NAME).read_text())["weight_map"].values()))[0]
+    data = bytearray((local / first).read_bytes())
+    data[-2] ^= 1
+    (local / first).write_bytes(bytes(data))
+    (local / MANIFEST_FILENAME).unlink()
+    ifs.seal(local, **GRANULARITIES[granularity])  # rewritten without the key: model.sig is left as it was
+    assert sorted(load_state_dict(local)) == sorted(_shard_tensors(local))  # no key: the manifest is believed
+    with pytest.raises(SignatureError, match=f"{first}: signed digest differs") as refused:
+        load_state_dict(local, public_key=key.public_key())
+    assert [p.path for p in refused.value.report.problems] == [first]
 
 
 def test_a_truncated_or_missing_shard_raises_integrity_error(tmp_path: Path) -> None:

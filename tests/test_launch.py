@@ -1,4 +1,4 @@
-"""The command line under torchrun (WORLD_SIZE > 1): seal, verify, latest and prune as collectives over a
+"""The command line under torchrun (WORLD_SIZE > 1): seal, verify, latest, status and prune as collectives over a
 real gloo group of two ranks, on local disk and S3 (moto). A launch costs seconds: two in all, the
 second running every command after ``seal`` in one process group (tests/launch_cli.py)."""
 
@@ -146,12 +146,15 @@ def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict
         "bad-argument": {"argv": ["verify", str(root / "unsealed" / "ckpt")], "bad_arg_rank": 1},
         "s3-verify": {"argv": ["verify", s3_url, *o]},
         "s3-latest": {"argv": ["latest", f"s3://{s3_root}", *o]},
+        "status": {"argv": ["status", str(damaged), "--full", "--json"]},
+        "status-table": {"argv": ["status", str(run), "--full"]},
         "prune": {"argv": ["prune", str(pruned), "--keep-last", "1", "--json"]},
         "prune-missing": {"argv": ["prune", str(root / "typo"), "--keep-last", "1"]},
     }
     outcomes = launch_commands(root / "rec", commands)
     return {
         "run": run,
+        "damaged": damaged,
         "pruned": pruned,
         "seal": seal,
         "sizes": {name: len(content) for name, content in data.items()},
@@ -213,3 +216,24 @@ def test_prune_under_torchrun_agrees_on_the_verdicts_and_deletes_once(launched: 
     assert all(r["hashed"] for r in prune.ranks)  # the hashing of step_3 and step_2 is shared
     missing: Outcome = launched["prune-missing"]
     assert [r["code"] for r in missing.ranks] == [4, 4] and missing.stderr.count("integrity-fs: error:") == 1
+
+
+def test_status_full_under_torchrun_shares_the_hashing_and_prints_once(launched: dict[str, Any]) -> None:
+    damaged = launched["damaged"]
+    status: Outcome = launched["status"]  # step_2 damaged, step_1 never sealed
+    assert [r["code"] for r in status.ranks] == [0, 0], status.stdout + status.stderr
+    found = json.loads(status.stdout)  # one list: printed by rank 0 alone
+    assert [(c["url"], c["verdict"]) for c in found] == [
+        (str(damaged / "step_2"), "damaged"),
+        (str(damaged / "step_1"), "unsealed"),
+    ]
+    assert [p["path"] for p in found[0]["problems"]] == ["shard_1.bin"]
+    assert all(r["hashed"] for r in status.ranks)  # the hashing of step_2 is shared
+    assert status.ranks[1]["stdout"] == ""
+
+    table: Outcome = launched["status-table"]  # step_2 sealed above, step_1 never sealed
+    assert [r["code"] for r in table.ranks] == [0, 0], table.stdout + table.stderr
+    lines = table.stdout.splitlines()  # one table: one line per checkpoint
+    assert [line.split()[:2] for line in lines] == [["step_2", "sealed"], ["step_1", "unsealed"]], table.stdout
+    assert "ok" in lines[0] and table.ranks[1]["stdout"] == ""
+    assert_split(table.ranks, launched["sizes"])  # each byte hashed once, by one of the ranks

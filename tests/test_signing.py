@@ -8,6 +8,7 @@ manifest rewritten to match.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import fsspec
 import model_signing
 import pytest
+from conftest import Backend, backends
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
@@ -35,8 +37,11 @@ from integrity_fs import (
     formats,
 )
 from integrity_fs import signing as ifs_signing
+from integrity_fs.hashing import combine_chunk_digests
 
 CHUNK = 64 * 1024
+
+store = backends("local", "s3")
 FILES = {
     "a.bin": bytes(i * 7 % 251 for i in range(300_000)),  # 5 chunks, the last one short
     "a/x.bin": b"sorts after a.bin as a string, before it as a path",
@@ -194,17 +199,10 @@ def test_model_signing_verifies_a_chunk_granularity_signature(ckpt: Path, key: K
 
 @pytest.mark.parametrize("shard_size", [None, CHUNK], ids=["files", "shards"])
 def test_integrity_fs_verifies_what_model_signing_signed(ckpt: Path, key: Keys, shard_size: int | None) -> None:
-    if shard_size is not None:
-        # model_signing's shards give an empty file no shard: it is not covered, and refused.
-        _ms_sign(ckpt, key.private, shard_size)
-        with pytest.raises(SignatureError, match="does not cover: empty.bin") as caught:
-            ifs.verify(ckpt, public_key=key.public)
-        assert [(p.path, p.kind) for p in caught.value.report.problems] == [("empty.bin", "extra")]
-        (ckpt / "empty.bin").unlink()
     _ms_sign(ckpt, key.private, shard_size)
-    # No manifest: the signed digests are the manifest.
+    # No manifest: the signed digests are the manifest (with shards, and the empty file while empty).
     report = ifs.verify(ckpt, public_key=key.public)
-    signed_files = len(FILES) if shard_size is None else len(FILES) - 1
+    signed_files = len(FILES)
     assert report.files_checked == signed_files
     with pytest.raises(ManifestNotFoundError):
         ifs.verify(ckpt)  # without a key, the signature is ignored
@@ -223,8 +221,6 @@ def test_integrity_fs_verifies_what_model_signing_signed(ckpt: Path, key: Keys, 
 def test_integrity_fs_verifies_a_model_signing_signature_on_s3(
     ckpt: Path, key: Keys, s3_backend: Any, shard_size: int | None
 ) -> None:
-    if shard_size is not None:
-        (ckpt / "empty.bin").unlink()  # model_signing's shards would leave it uncovered
     _ms_sign(ckpt, key.private, shard_size)
     s3_backend.fs.put(f"{ckpt}/", s3_backend.root, recursive=True)
     s3_backend.fs.invalidate_cache()
@@ -240,6 +236,68 @@ def test_integrity_fs_verifies_a_model_signing_signature_on_s3(
     s3_backend.write(SIGNATURE_FILENAME, b"{" + s3_backend.read(SIGNATURE_FILENAME))
     with pytest.raises(SignatureError, match="not valid JSON"):
         ifs.verify(s3_backend.url, storage_options=options, public_key=key.public)
+
+
+def _put(ckpt: Path, store: Backend) -> None:
+    for path in sorted(ckpt.rglob("*")):
+        if path.is_file():
+            store.write(path.relative_to(ckpt).as_posix(), path.read_bytes())
+
+
+def test_an_empty_file_under_model_signing_shards_passes_while_it_is_empty(
+    ckpt: Path, key: Keys, store: Backend
+) -> None:
+    """model_signing's shards give an empty file no shard, and its verifier accepts one: so does
+    ours, while it is empty, with or without a manifest (whose entry for it must be the empty
+    file's digest). A non-empty file no shard covers is refused by both."""
+    _ms_sign(ckpt, key.private, CHUNK)
+    assert not any(r["name"].startswith("empty.bin") for r in _statement(ckpt)["predicate"]["resources"])
+    assert "integrity_fs" not in _statement(ckpt)["predicate"]  # model_signing's own statement
+    _ms_verify(ckpt, key.public, CHUNK)  # the peer accepts the empty file no shard covers
+    _put(ckpt, store)
+    where = {"storage_options": store.storage_options}
+    keyed = {**where, "public_key": key.public}
+
+    def both(name: str, data: bytes) -> None:  # the same change on the store and on the peer's copy
+        (ckpt / name).write_bytes(data)
+        store.write(name, data)
+
+    assert ifs.verify(store.url, strict=True, **keyed).files_checked == len(FILES)  # no manifest
+    assert ifs.verify(store.url, attested=True, **keyed).ok
+    assert ifs.verify(store.url, quick=True, **keyed).ok
+    sealed = ifs.seal(store.url, granularity="chunk", chunk_size=CHUNK, **where)
+    assert sealed.chunks is not None and sealed.chunks["empty.bin"] == (hashlib.sha256(b"").hexdigest(),)
+    assert ifs.verify(store.url, strict=True, **keyed).files_checked == len(FILES)
+    assert ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK) == sealed
+    _ms_verify(ckpt, key.public, CHUNK)  # the peer too, beside the manifest
+
+    # A manifest entry for the empty file that is not the empty file's digest is refused.
+    chunks = {**sealed.chunks, "empty.bin": (hashlib.sha256(b"x").hexdigest(),)}
+    files = {**sealed.files, "empty.bin": combine_chunk_digests("sha256", chunks["empty.bin"])}
+    store.write(MANIFEST_FILENAME, dataclasses.replace(sealed, files=files, chunks=chunks).to_json())
+    with pytest.raises(SignatureError, match="empty.bin: in the manifest but not signed") as forged:
+        ifs.verify(store.url, **keyed)
+    assert [(p.path, p.kind) for p in forged.value.report.problems] == [("empty.bin", "missing")]
+    store.write(MANIFEST_FILENAME, sealed.to_json())
+
+    # The empty file made non-empty: refused with the manifest (its size), and without (not covered).
+    both("empty.bin", b"x")
+    with pytest.raises(IntegrityError) as resized:
+        ifs.verify(store.url, **keyed)
+    assert [(p.path, p.kind) for p in resized.value.report.problems] == [("empty.bin", "size")]
+    store.remove(MANIFEST_FILENAME)
+    with pytest.raises(SignatureError, match="does not cover: empty.bin$"):
+        ifs.verify(store.url, **keyed)
+    with pytest.raises(ValueError, match="empty.bin"):
+        _ms_verify(ckpt, key.public, CHUNK)  # and the peer agrees
+
+    # Any other file no shard covers is refused, by both.
+    both("empty.bin", b"")
+    both("added.bin", b"data")
+    with pytest.raises(SignatureError, match="does not cover: added.bin$"):
+        ifs.verify(store.url, **keyed)
+    with pytest.raises(ValueError, match="added.bin"):
+        _ms_verify(ckpt, key.public, CHUNK)
 
 
 def test_integrity_fs_seals_and_signs_on_s3(ckpt: Path, key: Keys, s3_backend: Any, tmp_path: Path) -> None:

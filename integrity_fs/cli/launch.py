@@ -5,8 +5,8 @@ When the environment says this process is one rank of several (``WORLD_SIZE`` > 
 ``latest``, ``status`` and ``prune`` join a process group (gloo, unless one is already
 initialised) and call the :mod:`integrity_fs.distributed` functions: in sharded mode (``--mode sharded``, the default)
 the bytes are split over every rank of every node; ``--mode rank0`` lets rank 0 alone read
-(node-local storage). ``status`` runs on rank 0 and its table is every rank's; ``prune`` agrees
-on the verdicts and rank 0 deletes.
+(node-local storage). ``status`` and ``prune`` agree on the verdicts (the hashing shared); rank 0
+makes ``status``'s table, and deletes what ``prune`` plans.
 
 What every rank keeps, whatever one rank meets: the arguments are parsed on every rank and the
 outcomes gathered, so a rank given a bad argument fails every rank (exit 2) before any
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import checkpoints, distributed
-from ..collectives import Call, Group, all_gather, group_of, torch_distributed
+from ..collectives import Group, all_gather, group_of, torch_distributed
 from ..manifest import Manifest
 from ..report import Report
 from ..seal import seal
@@ -110,9 +110,10 @@ class Collective(Local):
         return distributed.latest_verified(root, mode=mode, **kw)  # type: ignore[arg-type]
 
     def status(self, root: str, *, mode: str, **kw: Any) -> list[checkpoints.CheckpointStatus]:
-        """Rank 0 lists and checks; its table (or its exception) is every rank's."""
+        """The collective status: each checkpoint judged by every rank (the hashing shared), rank
+        0's list (or its exception) every rank's."""
         kw.pop("callback", None)
-        return Call(self.group).on_rank0(lambda: checkpoints.status(root, **kw))
+        return distributed.status(root, mode=mode, **kw)  # type: ignore[arg-type]
 
     def prune(self, root: str, *, mode: str, **kw: Any) -> checkpoints.PruneResult:
         """The collective prune: verdicts agreed (the hashing shared), rank 0 deletes."""

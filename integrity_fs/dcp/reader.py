@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import storage
+from .. import signing, storage
 from ..collectives import INSTALL_HINT
 from ..errors import IntegrityError, ManifestNotFoundError
 from ..manifest import Manifest
@@ -50,8 +50,9 @@ log = logging.getLogger("integrity_fs")
 
 URL = str | os.PathLike[str]
 #: A manifest to load against: the manifest, the name of its file inside the root (if it is
-#: there), and whether a signature vouches for it.
-Found = tuple[Manifest, str | None, bool]
+#: there), whether a signature vouches for it, and whether that signature leaves the root's
+#: empty files to the listing (model_signing's own shards: see ``signing.with_empty_files``).
+Found = tuple[Manifest, str | None, bool, bool]
 
 
 @dataclass
@@ -87,8 +88,8 @@ def load_manifest(
     fs, root = storage.resolve(url, storage_options)
     options = verify_options(manifest=manifest, public_key=public_key, expected_name=expected_name)
     try:
-        found, in_use, _kind = manifest_in_use(fs, root, options)
-        return found, in_use, options.key is not None
+        found = manifest_in_use(fs, root, options)
+        return found.manifest, found.file, options.key is not None, found.empty_unsigned
     except ManifestNotFoundError:
         if require_manifest:
             raise
@@ -104,11 +105,13 @@ def check_listing(url: URL, storage_options: dict[str, Any] | None, found: Found
     if found is None:
         log.info("%s has no manifest: loading it unverified", printable(storage.describe(fs, root)))
         return Checkpoint(None)
-    manifest, in_use, signed = found
+    manifest, in_use, signed, empty_unsigned = found
     checkpoint = Checkpoint(manifest)
     sizes = storage.list_files(fs, root, versions=checkpoint.versions, leftovers=True)
     if in_use is not None:
         sizes.pop(in_use, None)
+    if empty_unsigned:
+        manifest = checkpoint.manifest = signing.with_empty_files(manifest, sizes)
     if signed:
         check_covered(manifest, sizes, storage.describe(fs, root))
     plan = plan_verification(manifest, sizes, strict=strict, quick=True)

@@ -24,9 +24,12 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..manifests import read_manifest
+from .. import signing, storage
+from ..manifest import Manifest
+from ..manifests import manifest_in_use, read_manifest
 from ..read import VerifiedFile, open
 from ..report import printable
+from ..verify import verify_options
 
 try:
     import torch
@@ -90,6 +93,7 @@ def load_state_dict(
     *,
     storage_options: dict[str, Any] | None = None,
     fs: fsspec.AbstractFileSystem | None = None,
+    public_key: signing.PublicKey | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors file(s) of the sealed directory at ``url``, on the CPU.
 
@@ -101,16 +105,20 @@ def load_state_dict(
     ----------
     url: the sealed directory (a ``save_pretrained`` or Trainer checkpoint folder), any fsspec URL.
     storage_options, fs: as for :func:`integrity_fs.verify`.
+    public_key: as for :func:`integrity_fs.open`: ``model.sig`` must verify with it and cover the
+        manifest's digests (checked once, before any file is read; with no manifest, the signed
+        digests are the manifest).
 
     Raises ``IntegrityError`` when a byte differs from the manifest (before any tensor is
-    returned), ``ManifestNotFoundError`` when the directory is not sealed, ``FileNotFoundError``
-    when the manifest lists neither file (or not a shard the index names), ``ValueError`` when a
-    file is not valid safetensors or the index does not match the shards, ``OSError`` on a storage
-    failure.
+    returned), ``SignatureError`` (with ``public_key``) when the signature is missing, made with
+    another key or covers other digests, ``ManifestNotFoundError`` when the directory is not
+    sealed, ``FileNotFoundError`` when the manifest lists neither file (or not a shard the index
+    names), ``ValueError`` when a file is not valid safetensors or the index does not match the
+    shards, ``OSError`` on a storage failure.
     """
     if sys.byteorder != "little":
         raise NotImplementedError("safetensors files are little-endian: loading them on this machine is not supported")
-    manifest = read_manifest(url, storage_options=storage_options, fs=fs)
+    manifest = _manifest(url, storage_options, fs, public_key)
 
     def opened(name: str) -> VerifiedFile:
         return open(url, name, storage_options=storage_options, fs=fs, manifest=manifest)
@@ -132,6 +140,20 @@ def load_state_dict(
     if missing:
         raise ValueError(f"{INDEX_NAME} of {f.entry.location} lists tensors no shard holds: {_names(missing)}")
     return state
+
+
+def _manifest(
+    url: URL,
+    storage_options: dict[str, Any] | None,
+    fs: fsspec.AbstractFileSystem | None,
+    public_key: signing.PublicKey | None,
+) -> Manifest:
+    """The directory's manifest; with ``public_key``, checked against its signature as
+    :func:`integrity_fs.open` checks it, once for every file read."""
+    if public_key is None:
+        return read_manifest(url, storage_options=storage_options, fs=fs)
+    store, root = storage.resolve(url, storage_options, fs)
+    return manifest_in_use(store, root, verify_options(public_key=public_key)).manifest
 
 
 def _read_file(f: VerifiedFile, name: str) -> dict[str, torch.Tensor]:

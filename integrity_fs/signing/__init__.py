@@ -7,7 +7,8 @@ resources' raw digests, in order. File granularity is model_signing's ``files`` 
 (one resource per file, its SHA-256: our file digest). Chunk granularity is its ``shards``
 serialization with ``shard_size = chunk_size`` (one resource ``name:start:end`` per chunk: our
 chunk digests); empty files have no shard there, so the statement names them in a predicate
-field of ours that model_signing ignores (see :mod:`.statement`).
+field of ours that model_signing ignores (see :mod:`.statement`). Under model_signing's own shard
+statements an empty file passes while it is empty (see :func:`covers_empty_files`).
 
 Pure: bytes in, bytes out. Reading and writing ``model.sig`` is ``integrity_fs.manifests``' job. The signature
 itself is ECDSA through ``cryptography`` (extra ``sign``), imported when a key is used.
@@ -15,7 +16,14 @@ itself is ECDSA through ``cryptography`` (extra ``sign``), imported when a key i
 
 from ..report import SIGNATURE_FILENAME
 from .bundle import BUNDLE_MEDIA_TYPE, PAYLOAD_TYPE, open_bundle, pae, pae_compat, read_envelope, sign
-from .compare import check_model_name, describe_differences, differences, to_manifest
+from .compare import (
+    check_model_name,
+    covers_empty_files,
+    describe_differences,
+    differences,
+    to_manifest,
+    with_empty_files,
+)
 from .keys import INSTALL_HINT, PrivateKey, PublicKey, load_private_key, load_public_key
 from .statement import (
     EXTENSION,
@@ -48,6 +56,7 @@ __all__ = [
     "check_model_name",
     "check_shard_names",
     "check_signable",
+    "covers_empty_files",
     "describe_differences",
     "differences",
     "load_private_key",
@@ -62,4 +71,5 @@ __all__ = [
     "signed_manifest",
     "statement",
     "to_manifest",
+    "with_empty_files",
 ]

@@ -3,15 +3,23 @@ but not in the manifest, in the manifest but not signed, signed with other diges
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ..errors import ManifestError, SignatureError
 from ..hashing import combine_chunk_digests
-from ..manifest import Manifest
+from ..manifest import Manifest, check_name
 from ..report import SIGNATURE_FILENAME, Problem, Report
 from .statement import EMPTY_SHA256, Signed, resources, shard_order, signed_manifest
 
-__all__ = ["check_model_name", "describe_differences", "differences", "to_manifest"]
+__all__ = [
+    "check_model_name",
+    "covers_empty_files",
+    "describe_differences",
+    "differences",
+    "to_manifest",
+    "with_empty_files",
+]
 
 
 _MAX_LISTED = 10
@@ -57,6 +65,8 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
                 ours[name] = {f"{name}:0:0": manifest.chunks[name][0]}
         for name in signed.empty_files or ():
             theirs[name] = {f"{name}:0:0": EMPTY_SHA256}
+        if not covers_empty_files(signed):  # model_signing's own shards: an entry of no bytes passes
+            theirs.update((name, shards) for name, shards in ours.items() if shards == {f"{name}:0:0": EMPTY_SHA256})
     lines: list[str] = []
     problems: list[Problem] = []
     for name in sorted(set(ours) | set(theirs)):
@@ -64,8 +74,8 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
             lines.append(f"{name}: signed but not in the manifest")
             problems.append(Problem(name, "extra"))
         elif name not in theirs:
-            unnamed = signed.empty_files is None and manifest.sizes is not None and manifest.sizes[name] == 0
-            why = " (model_signing's shard serialization signs no empty file)" if unnamed else ""
+            unnamed = not covers_empty_files(signed) and manifest.sizes is not None and manifest.sizes[name] == 0
+            why = " (an empty file under model_signing's shards must have the empty file's digest)" if unnamed else ""
             lines.append(f"{name}: in the manifest but not signed{why}")
             problems.append(Problem(name, "missing", expected=manifest.files[name]))
         elif ours[name] != theirs[name]:
@@ -85,6 +95,39 @@ def differences(manifest: Manifest, signed: Signed) -> tuple[list[str], list[Pro
                 Problem(name, "mismatch", expected=signed_digest, actual=manifest.files[name], byte_ranges=ranges)
             )
     return lines, problems
+
+
+def covers_empty_files(signed: Signed) -> bool:
+    """Whether ``signed`` names every empty file it vouches for: a ``files`` statement lists them,
+    and this project's shard statements name them. model_signing's own shard statements cannot (no
+    shard covers an empty file, and its verifier accepts one): under those an empty file passes
+    while it is empty (:func:`with_empty_files`), and nothing else uncovered does."""
+    return signed.method == "files" or signed.empty_files is not None
+
+
+def with_empty_files(manifest: Manifest, listing: Mapping[str, int]) -> Manifest:
+    """``manifest`` (the chunk manifest a model_signing shard signature vouches for) with the files
+    of ``listing`` that are empty and not in it, as files of no bytes: what that signature says of
+    an empty file (see :func:`covers_empty_files`). A non-empty file is never added."""
+    added = [name for name, size in listing.items() if size == 0 and name not in manifest.files and _valid(name)]
+    if not added or manifest.granularity != "chunk":
+        return manifest
+    assert manifest.sizes is not None and manifest.chunks is not None
+    empty = combine_chunk_digests("sha256", [EMPTY_SHA256])
+    return dataclasses.replace(
+        manifest,
+        files={**manifest.files, **dict.fromkeys(added, empty)},
+        sizes={**manifest.sizes, **dict.fromkeys(added, 0)},
+        chunks={**manifest.chunks, **dict.fromkeys(added, (EMPTY_SHA256,))},
+    )
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name)
+    except ManifestError:
+        return False  # a name no manifest holds stays uncovered, and is refused
+    return True
 
 
 def check_model_name(signed: Signed, expected: str, *, location: str = "") -> None:
