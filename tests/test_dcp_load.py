@@ -242,3 +242,27 @@ def test_a_checkpoint_copied_away_with_its_manifest_loads_from_the_copy(tmp_path
     target = _empty()
     assert dcp.load(target, tmp_path / "copy") is not None
     assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("form", ["file://", "local://", "relative", "Path"])
+def test_every_form_of_a_local_url_saves_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """A local checkpoint named as a URL (``file://``, ``local://``), a relative path or a
+    ``pathlib.Path``: each is the same directory for save, load and load_latest."""
+    monkeypatch.chdir(tmp_path)
+
+    def named(path: Path) -> str | Path:
+        if form == "Path":
+            return path
+        if form == "relative":
+            return str(path.relative_to(tmp_path))
+        return form + str(path)
+
+    dcp.save(_state(), named(tmp_path / "run" / "step_1"))
+    assert ifs.verify(tmp_path / "run" / "step_1").files_checked == 2  # sealed where a path says
+    target = _empty()
+    report = dcp.load(target, named(tmp_path / "run" / "step_1"))
+    assert report is not None and report.bytes_checked == _total(tmp_path / "run" / "step_1")
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)] and target["step"] == 42
+    target = _empty()
+    assert dcp.load_latest(target, named(tmp_path / "run")) == str(tmp_path / "run" / "step_1")
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]

@@ -124,11 +124,12 @@ class VerifiedFileSystem(_FsspecFileSystem):
     :class:`~integrity_fs.read.VerifiedFile` of that file (a file the manifest does not cover is
     an ``IntegrityError``, never read)."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, checkpoint: Checkpoint) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, url: str, root: str, checkpoint: Checkpoint) -> None:
         super().__init__()
         assert checkpoint.prepared is not None
         self.fs = fs
-        self._root = root.rstrip("/") + "/"
+        self._url = url.rstrip("/") + "/"  # what DCP joins names to (a URL, a relative path, ...)
+        self._root = root  # the same directory as a path inside ``fs``
         self._checkpoint = checkpoint
         self._lock = threading.Lock()
 
@@ -140,13 +141,19 @@ class VerifiedFileSystem(_FsspecFileSystem):
         prepared = checkpoint.prepared
         assert prepared is not None and self.fs is not None
         full = os.fspath(path)
-        name = full[len(self._root) :] if full.startswith(self._root) else full
+        name = full[len(self._url) :] if full.startswith(self._url) else full
         try:
             if name not in prepared.manifest.files:
                 raise IntegrityError(Report(problems=(Problem(name, "extra"),)), prepared.location)
             size = prepared.plan.sizes[name]
             entry = Entry(
-                self.fs, full, name, size, checkpoint.versions.get(name), prepared.manifest, prepared.location
+                self.fs,
+                storage.join(self._root, name),
+                name,
+                size,
+                checkpoint.versions.get(name),
+                prepared.manifest,
+                prepared.location,
             )
             with VerifiedFile(entry) as stream:
                 try:
@@ -199,7 +206,7 @@ class VerifyingFsspecReader(FsspecReader):
         self._strict = strict
         self._manifest_arg = manifest
         self._public_key = public_key
-        self._store: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecReader
+        self._store, self._root = storage.resolve(path, storage_options, through_caches=True)
         self.checkpoint: Checkpoint | None = None
         self._verdict: BaseException | None = None
 
@@ -217,7 +224,7 @@ class VerifyingFsspecReader(FsspecReader):
 
     def reset(self, checkpoint_id: URL | None = None) -> None:
         super().reset(checkpoint_id)
-        self._store = self.fs.fs  # type: ignore[attr-defined]
+        self._store, self._root = storage.resolve(self.path, self._storage_options, through_caches=True)
         self.checkpoint, self._verdict = None, None
 
     def use(self, checkpoint: Checkpoint) -> None:
@@ -226,7 +233,7 @@ class VerifyingFsspecReader(FsspecReader):
         self.checkpoint = checkpoint
         if checkpoint.manifest is not None:
             self.fs = VerifiedFileSystem(  # type: ignore[assignment]  # DCP annotates its local FileSystem
-                self._store, os.fspath(self.path), checkpoint
+                self._store, os.fspath(self.path), self._root, checkpoint
             )
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
