@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import storage
 from ..collectives import INSTALL_HINT
@@ -35,13 +35,14 @@ try:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.metadata import Metadata
-    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
     from torch.futures import Future
 except ImportError as exc:
     raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
 
 if TYPE_CHECKING:
     import fsspec
+    import torch
     from torch.distributed import ProcessGroup
 
 __all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader"]
@@ -64,6 +65,8 @@ class Checkpoint:
     versions: dict[str, storage.Version] = field(default_factory=dict)
     files_read: set[str] = field(default_factory=set)
     bytes_verified: int = 0
+    #: The keys of ``state_dict`` (DCP's flattened names) that verified bytes were handed to.
+    keys_loaded: set[str] = field(default_factory=set)
     failure: BaseException | None = None  # the first thing a verified read raised on this rank
 
     def report(self) -> Report:
@@ -262,9 +265,31 @@ class VerifyingFsspecReader(FsspecReader):
             return str(info.relative_path), int(info.offset)
 
         ordered = LoadPlan(sorted(plan.items, key=where), plan.storage_data, plan.planner_data)
-        return super().read_data(ordered, planner)
+        if self.checkpoint is None:
+            return super().read_data(ordered, planner)
+        return super().read_data(ordered, cast(LoadPlanner, _Noting(planner, self.checkpoint.keys_loaded)))
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
         if isinstance(file, VerifiedFile):
             file.release_before(sinfo.offset)  # items come in offset order: what lies before is done
         return super()._slice_file(file, sinfo)
+
+
+class _Noting:
+    """``planner`` as DCP's read loop uses it, noting each key of ``state_dict`` before bytes are
+    written into it (``load_bytes``; ``resolve_tensor``, whose tensor DCP then copies into)."""
+
+    def __init__(self, planner: LoadPlanner, keys: set[str]) -> None:
+        self._planner = planner
+        self._keys = keys
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        self._keys.add(read_item.dest_index.fqn)
+        self._planner.load_bytes(read_item, value)
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        self._keys.add(read_item.dest_index.fqn)
+        return self._planner.resolve_tensor(read_item)
