@@ -80,20 +80,20 @@ class Failure:
     def from_exception(cls, exc: BaseException, rank: int) -> Failure:
         if isinstance(exc, SignatureError):  # before IntegrityError: it is one
             return cls("SignatureError", exc.detail, rank, exc.report, exc.location, cause=exc)
+        message = _message(exc)
         if isinstance(exc, IntegrityError):
-            return cls("IntegrityError", str(exc), rank, exc.report, exc.location, cause=exc)
+            return cls("IntegrityError", message, rank, exc.report, exc.location, cause=exc)
         if isinstance(exc, ManifestNotFoundError):  # before OSError: it is a FileNotFoundError
-            return cls("ManifestNotFoundError", str(exc), rank, cause=exc)
+            return cls("ManifestNotFoundError", message, rank, cause=exc)
         if isinstance(exc, ManifestError):
-            return cls("ManifestError", str(exc), rank, cause=exc)
+            return cls("ManifestError", message, rank, cause=exc)
         if isinstance(exc, FileChangedError):  # before OSError: it is one
-            return cls("FileChangedError", str(exc), rank, names=exc.names, cause=exc)
+            return cls("FileChangedError", message, rank, names=exc.names, cause=exc)
         kept = next((c for c in type(exc).__mro__ if c.__module__ == "builtins" and issubclass(c, _KEPT)), None)
         if kept is None:
-            return cls(
-                "RuntimeError", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, rank, cause=exc
-            )
-        return cls(kept.__name__, str(exc), rank, os_args=_os_args(exc), cause=exc)
+            named = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+            return cls("RuntimeError", named, rank, cause=exc)
+        return cls(kept.__name__, message, rank, os_args=_os_args(exc), cause=exc)
 
     def to_exception(self) -> Exception:
         """A fresh exception of the recorded type whose ``str()`` is the recorded message; a
@@ -121,6 +121,15 @@ class Failure:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "cause": None}
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``; for an exception whose ``str()`` itself raises, what Python's tracebacks print
+    instead: a rank must never leave the sequence of collectives while describing its failure."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"
 
 
 def _os_args(exc: BaseException) -> tuple[Any, ...] | None:

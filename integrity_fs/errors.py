@@ -5,6 +5,8 @@
 - the manifest cannot be trusted as a description: :class:`ManifestError` (a ``ValueError``);
 - a signature is missing, invalid, or covers other digests: :class:`SignatureError` (an
   ``IntegrityError``);
+- a load that failed part-way left data in ``state_dict``: :class:`PartialLoadError` (an
+  ``IntegrityError``);
 - a file changed while it was read: :class:`FileChangedError` (an ``OSError``);
 - storage failed: a built-in ``OSError``, never one of the above.
 """
@@ -21,6 +23,7 @@ __all__ = [
     "IntegrityError",
     "ManifestError",
     "ManifestNotFoundError",
+    "PartialLoadError",
     "SignatureError",
 ]
 
@@ -70,6 +73,25 @@ class SignatureError(IntegrityError):
     def _describe(self) -> str:
         where = f" at {self.location}" if self.location else ""
         return f"signature check{where} failed: {self.detail}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.detail, self.report, self.location))
+
+
+class PartialLoadError(IntegrityError):
+    """A load failed after verified bytes of the checkpoint had reached ``state_dict``, and no
+    checkpoint loaded over them: ``state_dict`` holds partial data (``dcp.load_latest``).
+
+    ``detail`` names the checkpoints whose data is left and why each load failed; ``report`` and
+    ``location`` are those of the first one's damage (an empty report when it failed otherwise).
+    """
+
+    def __init__(self, detail: str, report: Report | None = None, location: str = "") -> None:
+        self.detail = detail
+        super().__init__(report if report is not None else Report(), location)
+
+    def _describe(self) -> str:
+        return self.detail
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.detail, self.report, self.location))

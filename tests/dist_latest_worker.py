@@ -3,10 +3,11 @@
 For each target (a local directory and an S3 prefix): saves step_100, step_200 and step_300, rank 0
 corrupts a file of step_300 that rank 1 wrote and strips the manifest of a later step_400, then
 every rank resumes with dcp.load_latest and distributed.latest_verified. Also: no checkpoint that
-verifies, a root that is a file, a rank that sees no checkpoint where the others see some, and ranks
-passing different modes. Then retention under ``<target>-prune``: five dcp.save(keep_last=2), a
-sixth after the newest was damaged, distributed.prune (dry run, real, arguments that differ, a
-storage error on one rank). Writes this rank's outcomes to ``rank<RANK>.json``.
+verifies (step_300's load fails after some of it loaded: partial data, raised), a root that is a
+file, a rank that sees no checkpoint where the others see some, and ranks passing different
+modes. Then retention under ``<target>-prune``: five dcp.save(keep_last=2), a sixth after the
+newest was damaged, distributed.prune (dry run, real, arguments that differ, a storage error on
+one rank). Writes this rank's outcomes to ``rank<RANK>.json``.
 """
 
 from __future__ import annotations

@@ -18,9 +18,18 @@ from fsspec.spec import AbstractFileSystem
 
 from integrity_fs import IntegrityError, Manifest, Report, distributed, storage
 
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises (as a backend's can, formatting fields it never set)."""
+
+    def __str__(self) -> str:
+        raise KeyError("message")
+
+
 FAULTS: dict[str, Exception] = {
     "permission": PermissionError(13, "Permission denied (injected)"),
     "unexpected": ZeroDivisionError("injected"),
+    "unprintable": Unprintable(),
 }
 
 

@@ -537,8 +537,12 @@ def test_load_latest_on_two_ranks_makes_the_same_choice(two_ranks: Any, target: 
 @pytest.mark.parametrize("target", ["local", "s3"])
 def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> None:
     per_rank = two_ranks[target]
+    # step_300's load failed part-way (rank 1 found the damage after loading model.w from rank
+    # 0's file; rank 0 loaded all it asks for): never None with a state_dict holding its bytes.
     none = _one(per_rank, "none")
-    assert none == {"type": "NoneType", "value": None, "verified_only": True}
+    assert none["type"] == "PartialLoadError" and none["verified_only"], none
+    assert none["message"].startswith("state_dict holds partial data of "), none
+    assert "/step_300 on ranks 0, 1 (damaged: " in none["message"] and "__1_0.distcp" in none["message"]
     assert _one(per_rank, "file_root")["type"] == "NotADirectoryError"
     assert _one(per_rank, "missing_root") == {"type": "NoneType", "value": None}
     differ = _one(per_rank, "modes_differ")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from cli_run import FILES, cli, error_lines, sha256
+from cli_run import FILES, TIMEOUT_S, cli, error_lines, sha256
 from conftest import Backend
 
 from integrity_fs import MANIFEST_FILENAME
@@ -59,6 +61,38 @@ def test_download_refuses_a_non_empty_destination(sealed: Path, tmp_path: Path) 
     assert proc.returncode == 2
     assert "not an empty directory" in error_lines(proc)[0]
     assert os.listdir(dest) == ["keep.txt"]
+
+
+#: In a private mount namespace (``unshare --mount --map-root-user``: no root needed where user
+#: namespaces are allowed), a 128 KiB tmpfs over ``$0``, then the command; then what ``$0`` holds.
+_ON_A_TINY_DISK = 'mount -t tmpfs -o size=128k tmpfs "$0" 2>/dev/null || exit 77; "$@"; code=$?; ls -A "$0"; exit $code'
+
+
+def test_download_onto_a_full_disk_exits_4_with_the_disk_hint_after_one_attempt(sealed: Path, tmp_path: Path) -> None:
+    """A real ENOSPC from a real filesystem: ``download`` of a 400 KB checkpoint into a 128 KiB
+    tmpfs. A full disk is never retried (``--debug`` logs every retry), and the CLI gets the
+    ``errno`` that says so."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    command = [sys.executable, "-m", "integrity_fs", "--debug", "download", str(sealed), str(disk / "d")]
+    try:
+        proc = subprocess.run(
+            ["unshare", "--mount", "--map-root-user", "sh", "-c", _ON_A_TINY_DISK, str(disk), *command],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        pytest.skip("needs unshare (util-linux)")
+    if proc.returncode == 77 or proc.stderr.startswith("unshare:"):
+        pytest.skip(f"cannot mount a tmpfs in a private mount namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == 4, proc.stderr
+    [error] = error_lines(proc)
+    assert error.endswith("[Errno 28] No space left on device") and "model.bin" in error, error
+    assert "integrity-fs: hint: the disk is full" in proc.stderr
+    assert "retrying" not in proc.stderr and "times:" not in error  # one attempt
+    assert proc.stdout == ""  # nothing left on the disk: no DEST, no staging directory
 
 
 # --- upload ------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from read_counting import CountingS3Server  # noqa: E402
 
 import integrity_fs as ifs  # noqa: E402
 from integrity_fs import FileChangedError, IntegrityError, dcp  # noqa: E402
+from integrity_fs.errors import PartialLoadError  # noqa: E402
 
 CHUNK = 256 * 1024
 
@@ -235,10 +236,78 @@ def test_load_latest_loads_in_one_pass_after_skipping_a_damaged_checkpoint(
     assert any("step_2" in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
 
 
+def _damage_the_last_chunk(root: Path) -> None:
+    """A flipped bit in the last chunk of the shard: found once every earlier unit has loaded."""
+    shard = root / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 1
+    shard.write_bytes(bytes(data))
+
+
+def test_load_latest_over_two_checkpoints_damaged_part_way_raises_never_none(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    for step in (1, 2):
+        dcp.save(_state(seed=step), root / f"step_{step}", granularity="chunk", chunk_size=CHUNK)
+        _damage_the_last_chunk(root / f"step_{step}")
+    target = _empty()
+    with pytest.raises(PartialLoadError) as err:
+        dcp.load_latest(target, root)
+    assert isinstance(err.value, IntegrityError)
+    message = str(err.value)
+    assert message.startswith(f"state_dict holds partial data of {root / 'step_2'} (damaged: ")
+    assert f"; {root / 'step_1'} (damaged: " in message and f"no checkpoint under {root} loaded over it" in message
+    assert [p.path for p in err.value.report.problems] == ["__0_0.distcp"]  # step_2's damage
+    assert err.value.location == str(root / "step_2")
+    assert 0 < len(_verified_only(target, _state(seed=1))) < 6  # partial data indeed: step_1's first tensors
+
+
+def test_load_latest_raises_when_the_checkpoint_it_loads_does_not_cover_what_a_damaged_one_left(
+    tmp_path: Path,
+) -> None:
+    """With a planner that allows partial loads, the checkpoint that loads may lack a key that a
+    damaged newer one wrote into: that key still holds the damaged checkpoint's bytes."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    root = tmp_path / "run"
+    older = {k: v for k, v in _state(seed=1).items() if k != "t0"}
+    dcp.save(older, root / "step_1", granularity="chunk", chunk_size=CHUNK)
+    dcp.save(_state(seed=2), root / "step_2", granularity="chunk", chunk_size=CHUNK)
+    _damage_the_last_chunk(root / "step_2")  # t0 (the first tensor) loaded from step_2, verified
+    target = _empty()
+    with pytest.raises(PartialLoadError) as err:
+        dcp.load_latest(target, root, planner=DefaultLoadPlanner(allow_partial_load=True))
+    assert f"{root / 'step_1'}, loaded after it, did not write every key" in str(err.value)
+    assert torch.equal(target["t0"], _state(seed=2)["t0"]) and torch.equal(target["t5"], _state(seed=1)["t5"])
+
+
 def test_a_checkpoint_copied_away_with_its_manifest_loads_from_the_copy(tmp_path: Path) -> None:
     url = tmp_path / "ckpt"
     dcp.save(_state(), url)
     shutil.copytree(url, tmp_path / "copy")
     target = _empty()
     assert dcp.load(target, tmp_path / "copy") is not None
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("form", ["file://", "local://", "relative", "Path"])
+def test_every_form_of_a_local_url_saves_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """A local checkpoint named as a URL (``file://``, ``local://``), a relative path or a
+    ``pathlib.Path``: each is the same directory for save, load and load_latest."""
+    monkeypatch.chdir(tmp_path)
+
+    def named(path: Path) -> str | Path:
+        if form == "Path":
+            return path
+        if form == "relative":
+            return str(path.relative_to(tmp_path))
+        return form + str(path)
+
+    dcp.save(_state(), named(tmp_path / "run" / "step_1"))
+    assert ifs.verify(tmp_path / "run" / "step_1").files_checked == 2  # sealed where a path says
+    target = _empty()
+    report = dcp.load(target, named(tmp_path / "run" / "step_1"))
+    assert report is not None and report.bytes_checked == _total(tmp_path / "run" / "step_1")
+    assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)] and target["step"] == 42
+    target = _empty()
+    assert dcp.load_latest(target, named(tmp_path / "run")) == str(tmp_path / "run" / "step_1")
     assert _verified_only(target, _state()) == [f"t{i}" for i in range(6)]

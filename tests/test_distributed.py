@@ -109,6 +109,7 @@ def _scenarios(root: Path, mode: str, world: int) -> list[dict[str, Any]]:
         sc("verify-strict", "verify", "good", kwargs={"strict": True}),
         sc("verify-permission", "verify", "good", faulty_rank=reader, fault="permission"),
         sc("verify-unexpected", "verify", "good", faulty_rank=reader, fault="unexpected"),
+        sc("verify-unprintable", "verify", "good", faulty_rank=reader, fault="unprintable"),
         sc("verify-bad-option", "verify", "good", rank_kwargs={str(reader): {"max_workers": 0}}),
         sc("verify-rank1-faulty", "verify", "good", faulty_rank=1, fault="permission"),
         sc("verify-chunks", "verify", "big-verify"),
@@ -200,6 +201,10 @@ def test_failure_on_one_rank_is_raised_on_every_rank(runs: Any, tree: Path, mode
     assert not (tree / f"seal-fault-{mode}-{world}" / MANIFEST_FILENAME).exists()
     unexpected = _same_on_every_rank(results[f"verify-unexpected/{mode}"])
     assert unexpected == {"type": "RuntimeError", "message": "ZeroDivisionError: injected", "report": None}
+    # An exception whose str() raises: every rank still gathers, and raises the same error.
+    unprintable = _same_on_every_rank(results[f"verify-unprintable/{mode}"])
+    assert unprintable == {"type": "RuntimeError", "message": "Unprintable: <exception str() failed>", "report": None}
+    assert results[f"verify-unprintable/{mode}"][0]["notes"] == [f"(raised on rank {reader})"]
     bad_option = _same_on_every_rank(results[f"verify-bad-option/{mode}"])
     assert bad_option["type"] == "ValueError" and "max_workers" in bad_option["message"]
 

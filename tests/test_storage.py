@@ -5,6 +5,7 @@ errors (never corruption, never success)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import logging
@@ -681,6 +682,15 @@ def test_self_retrying_backends_are_not_retried_three_times_more(s3_backend: Bac
     with pytest.raises(ConnectionResetError):
         ifs.verify(b.root, fs=b.fs)
     assert len(calls) == 2  # s3fs already retries each request itself
+
+
+def test_a_failure_retried_to_the_end_keeps_its_class_and_errno(faulty):
+    fs, root = faulty
+    fs.faults["a.bin"] = [ConnectionResetError(errno.ECONNRESET, "reset by peer")] * 10
+    with pytest.raises(ConnectionResetError) as err:
+        ifs.verify(root, fs=fs, max_workers=1)
+    assert err.value.errno == errno.ECONNRESET and "failed 3 times" in str(err.value)
+    assert fs.opens["a.bin"] == 3
 
 
 def test_permission_denied_is_raised_at_once(faulty):

@@ -190,8 +190,10 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         return str(error), f"check the arguments and -o storage options; see `{PROG} {command} --help`"
     if isinstance(error, OSError):
         what = str(error) or type(error).__name__
-        if error.errno == errno.ENOSPC:
+        if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             return what, "the disk is full: free space on the destination, or choose another one"
+        if error.errno == errno.EROFS:
+            return what, "the destination is on a read-only filesystem: choose another one"
         local = _is_local(error, args)
         if isinstance(error, (FileNotFoundError, NotADirectoryError)):
             run = command in ("status", "latest", "prune")

@@ -23,11 +23,11 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import signing, storage
-from ..checkpoints import check_keep_last, newest_that, signed_name
-from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of
+from ..checkpoints import check_keep_last, newest_that, signed_name, skip_reason
+from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of, name_ranks
 from ..distributed import agreed_candidates
 from ..distributed import prune as collective_prune
-from ..errors import IntegrityError
+from ..errors import IntegrityError, PartialLoadError
 from ..hashing import DEFAULT_ALGORITHM
 from ..manifest import Manifest
 from ..report import Problem, Report
@@ -154,6 +154,7 @@ def load(
     public_key: signing.PublicKey | None = None,
     expected_name: str | None = None,
     _extension_registry: ExtensionRegistry | None = None,
+    _loaded: set[str] | None = None,
 ) -> Report | None:
     """``dcp.load`` of the checkpoint at ``url`` into ``state_dict`` (in place), hashing each byte
     as it is read: DCP receives the bytes of a unit (chunk, or whole file) only once it verified.
@@ -173,7 +174,9 @@ def load(
     signature must give the checkpoint) are as for :func:`integrity_fs.verify`.
     ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
     (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are accepted for
-    compatibility and not used: each rank verifies what it reads.
+    compatibility and not used: each rank verifies what it reads. ``_loaded`` (for
+    :func:`load_latest`) receives the keys of ``state_dict`` that this rank wrote into, also when
+    the load fails.
     """
     g = group_of(process_group)
     if g is not None:
@@ -195,7 +198,8 @@ def load(
         _extension_registry=_extension_registry,
         **(storage_options or {}),
     )
-    reader.use(_prepare(g, url, storage_options, manifest, public_key, expected_name, require_manifest, strict))
+    checkpoint = _prepare(g, url, storage_options, manifest, public_key, expected_name, require_manifest, strict)
+    reader.use(checkpoint)
     try:
         _run(state_dict, reader, planner, process_group)
     except CheckpointException as exc:
@@ -203,6 +207,9 @@ def load(
         if verdict is None:
             raise
         raise verdict from exc
+    finally:
+        if _loaded is not None:
+            _loaded.update(checkpoint.keys_loaded)
     return _report(g, reader)
 
 
@@ -327,27 +334,72 @@ def load_latest(
     (a rank that cannot list ``root``, or lists other checkpoints, is an ``OSError`` on every
     rank), then load them newest first with :func:`load` (one pass, every byte verified as it is
     read), skipping unsealed, invalid, damaged, badly signed and changing ones with a WARNING
-    each, the same on every rank; a storage error is raised. A candidate found damaged part-way
-    leaves verified bytes of it in ``state_dict``; the next one is loaded over them. With none
-    that loads (or no ``root`` yet), ``None``, and ``state_dict`` holds what it held (or such bytes).
-    With ``public_key``, only a checkpoint whose signature verifies is loaded. ``mode``,
-    ``max_workers`` and ``quick`` are accepted for compatibility and not used.
+    each, the same on every rank; a storage error is raised. With ``public_key``, only a
+    checkpoint whose signature verifies is loaded. ``mode``, ``max_workers`` and ``quick`` are
+    accepted for compatibility and not used.
+
+    ``None`` when none loads (or there is no ``root`` yet), and ``state_dict`` holds what it held.
+    A candidate rejected before any of its bytes reached ``state_dict`` (its listing, manifest,
+    signature or ``.metadata`` failed, or its first unit) leaves it as it was. One found damaged
+    or changing part-way leaves verified bytes of it; a later candidate that loads is returned
+    only when it wrote every key that those bytes went to (as the default planner does: it
+    loads every key), else, and when none loads, :class:`~integrity_fs.errors.PartialLoadError`
+    (an ``IntegrityError``) says that ``state_dict`` holds partial data, on every rank.
     """
     g = group_of(process_group)
     candidates = agreed_candidates(root, group=process_group, storage_options=storage_options)
+    failed: dict[str, tuple[Exception, set[str]]] = {}  # URL -> why, and the keys it wrote into here
 
     def attempt(url: str) -> Report | None:
-        return load(
-            state_dict,
-            url,
-            storage_options=storage_options,
-            process_group=process_group,
-            require_manifest=True,
-            strict=strict,
-            planner=planner,
-            public_key=public_key,
-            expected_name=signed_name(url, public_key),
-        )
+        keys: set[str] = set()
+        try:
+            report = load(
+                state_dict,
+                url,
+                storage_options=storage_options,
+                process_group=process_group,
+                require_manifest=True,
+                strict=strict,
+                planner=planner,
+                public_key=public_key,
+                expected_name=signed_name(url, public_key),
+                _loaded=keys,
+            )
+        except Exception as exc:
+            failed[url] = (exc, keys)
+            raise
+        for _exc, written in failed.values():
+            written -= keys  # loaded over
+        return report
 
     found = newest_that([(url, url) for url in candidates], attempt, warn=g is None or g.rank == 0)
+    _check_nothing_left(g, root, None if found is None else found[0], failed)
     return None if found is None else found[0]
+
+
+def _check_nothing_left(
+    g: Group | None, root: URL, found: str | None, failed: dict[str, tuple[Exception, set[str]]]
+) -> None:
+    """``PartialLoadError`` on every rank when, on any rank, a candidate that failed part-way left
+    bytes in ``state_dict`` that ``found`` (the candidate loaded, if any) did not load over."""
+    mine = [url for url, (_exc, keys) in failed.items() if keys]
+    per_rank = [mine] if g is None else all_gather(g, mine)
+    ranks: dict[str, list[int]] = {}
+    for rank, urls in enumerate(per_rank):
+        for url in urls:
+            ranks.setdefault(url, []).append(rank)
+    if not ranks:
+        return
+    left = [url for url in failed if url in ranks]  # newest first, as they were tried
+    parts = []
+    for url in left:
+        on = "" if g is None else f" on {name_ranks(ranks[url])}"
+        parts.append(f"{url}{on} ({skip_reason(failed[url][0])}: {failed[url][0]})")
+    after = (
+        f"no checkpoint under {os.fspath(root)} loaded over it"
+        if found is None
+        else f"{found}, loaded after it, did not write every key that data went to"
+    )
+    first = failed[left[0]][0]
+    report, location = (first.report, first.location) if isinstance(first, IntegrityError) else (None, "")
+    raise PartialLoadError(f"state_dict holds partial data of {'; '.join(parts)}, and {after}", report, location)

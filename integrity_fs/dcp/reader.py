@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import signing, storage
 from ..collectives import INSTALL_HINT
@@ -35,13 +35,14 @@ try:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.metadata import Metadata
-    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
     from torch.futures import Future
 except ImportError as exc:
     raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
 
 if TYPE_CHECKING:
     import fsspec
+    import torch
     from torch.distributed import ProcessGroup
 
 __all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader"]
@@ -65,6 +66,8 @@ class Checkpoint:
     versions: dict[str, storage.Version] = field(default_factory=dict)
     files_read: set[str] = field(default_factory=set)
     bytes_verified: int = 0
+    #: The keys of ``state_dict`` (DCP's flattened names) that verified bytes were handed to.
+    keys_loaded: set[str] = field(default_factory=set)
     failure: BaseException | None = None  # the first thing a verified read raised on this rank
 
     def report(self) -> Report:
@@ -127,11 +130,12 @@ class VerifiedFileSystem(_FsspecFileSystem):
     :class:`~integrity_fs.read.VerifiedFile` of that file (a file the manifest does not cover is
     an ``IntegrityError``, never read)."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, checkpoint: Checkpoint) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, url: str, root: str, checkpoint: Checkpoint) -> None:
         super().__init__()
         assert checkpoint.prepared is not None
         self.fs = fs
-        self._root = root.rstrip("/") + "/"
+        self._url = url.rstrip("/") + "/"  # what DCP joins names to (a URL, a relative path, ...)
+        self._root = root  # the same directory as a path inside ``fs``
         self._checkpoint = checkpoint
         self._lock = threading.Lock()
 
@@ -143,13 +147,19 @@ class VerifiedFileSystem(_FsspecFileSystem):
         prepared = checkpoint.prepared
         assert prepared is not None and self.fs is not None
         full = os.fspath(path)
-        name = full[len(self._root) :] if full.startswith(self._root) else full
+        name = full[len(self._url) :] if full.startswith(self._url) else full
         try:
             if name not in prepared.manifest.files:
                 raise IntegrityError(Report(problems=(Problem(name, "extra"),)), prepared.location)
             size = prepared.plan.sizes[name]
             entry = Entry(
-                self.fs, full, name, size, checkpoint.versions.get(name), prepared.manifest, prepared.location
+                self.fs,
+                storage.join(self._root, name),
+                name,
+                size,
+                checkpoint.versions.get(name),
+                prepared.manifest,
+                prepared.location,
             )
             with VerifiedFile(entry) as stream:
                 try:
@@ -202,7 +212,7 @@ class VerifyingFsspecReader(FsspecReader):
         self._strict = strict
         self._manifest_arg = manifest
         self._public_key = public_key
-        self._store: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecReader
+        self._store, self._root = storage.resolve(path, storage_options, through_caches=True)
         self.checkpoint: Checkpoint | None = None
         self._verdict: BaseException | None = None
 
@@ -220,7 +230,7 @@ class VerifyingFsspecReader(FsspecReader):
 
     def reset(self, checkpoint_id: URL | None = None) -> None:
         super().reset(checkpoint_id)
-        self._store = self.fs.fs  # type: ignore[attr-defined]
+        self._store, self._root = storage.resolve(self.path, self._storage_options, through_caches=True)
         self.checkpoint, self._verdict = None, None
 
     def use(self, checkpoint: Checkpoint) -> None:
@@ -229,7 +239,7 @@ class VerifyingFsspecReader(FsspecReader):
         self.checkpoint = checkpoint
         if checkpoint.manifest is not None:
             self.fs = VerifiedFileSystem(  # type: ignore[assignment]  # DCP annotates its local FileSystem
-                self._store, os.fspath(self.path), checkpoint
+                self._store, os.fspath(self.path), self._root, checkpoint
             )
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -258,9 +268,31 @@ class VerifyingFsspecReader(FsspecReader):
             return str(info.relative_path), int(info.offset)
 
         ordered = LoadPlan(sorted(plan.items, key=where), plan.storage_data, plan.planner_data)
-        return super().read_data(ordered, planner)
+        if self.checkpoint is None:
+            return super().read_data(ordered, planner)
+        return super().read_data(ordered, cast(LoadPlanner, _Noting(planner, self.checkpoint.keys_loaded)))
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
         if isinstance(file, VerifiedFile):
             file.release_before(sinfo.offset)  # items come in offset order: what lies before is done
         return super()._slice_file(file, sinfo)
+
+
+class _Noting:
+    """``planner`` as DCP's read loop uses it, noting each key of ``state_dict`` before bytes are
+    written into it (``load_bytes``; ``resolve_tensor``, whose tensor DCP then copies into)."""
+
+    def __init__(self, planner: LoadPlanner, keys: set[str]) -> None:
+        self._planner = planner
+        self._keys = keys
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        self._keys.add(read_item.dest_index.fqn)
+        self._planner.load_bytes(read_item, value)
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        self._keys.add(read_item.dest_index.fqn)
+        return self._planner.resolve_tensor(read_item)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from fsspec.asyn import AsyncFileSystem
 
 from ..errors import FileChangedError
 from ..report import printable
-from .errors import Cancelled, NotARegularFileError, storage_errors
+from .errors import Cancelled, NotARegularFileError, same_kind, storage_errors
 
 __all__ = [
     "READ_ATTEMPTS",
@@ -58,6 +59,26 @@ _NOT_RETRIED = (
     FileChangedError,
 )
 
+#: What another attempt cannot mend either, by ``errno``, whatever the class: a full disk, a quota,
+#: a read-only filesystem, a file too large for it, a name too long.
+_NOT_RETRIED_ERRNOS = frozenset(
+    code
+    for code in (
+        errno.ENOSPC,
+        getattr(errno, "EDQUOT", None),
+        errno.EROFS,
+        errno.EFBIG,
+        errno.ENAMETOOLONG,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ELOOP,
+    )
+    if code is not None
+)
+
 
 def retried(
     fs: fsspec.AbstractFileSystem,
@@ -72,13 +93,14 @@ def retried(
 ) -> T:
     """``once(attempt)`` until it returns, ``attempts`` times at most: the retry loop of reads and copies.
 
-    A missing file, a refused permission, what is not a regular file and a changed version are
-    raised at once. Any other ``OSError`` (backend errors included, through
+    A missing file, a refused permission, what is not a regular file, a changed version and a
+    failure no retry mends (a full disk, a quota, a read-only filesystem: by ``errno``) are
+    raised at once, as they are. Any other ``OSError`` (backend errors included, through
     :func:`storage_errors`) undoes the attempt's progress and goes through ``check``, which may
     raise something else instead (a file the store says is shorter now is content, not storage);
     then it is retried after a back-off that ``stop`` cuts short (``Cancelled``), with the cached
     listing of ``path`` dropped so that the retry asks the store again. The last failure is
-    raised with the count.
+    raised with the count, its class and ``errno`` kept.
     """
     for attempt in range(1, attempts + 1):
         check_stop(stop)
@@ -88,11 +110,13 @@ def retried(
         except _NOT_RETRIED:
             raise
         except OSError as exc:
+            if exc.errno in _NOT_RETRIED_ERRNOS:
+                raise same_kind(exc, f"{what}: {exc}") from exc
             undo()
             if check is not None:
                 check(exc)
             if attempt == attempts:
-                raise type(exc)(f"{what} failed {attempts} times: {exc}") from exc
+                raise same_kind(exc, f"{what} failed {attempts} times: {exc}") from exc
             log.info("retrying %s after %s (attempt %d of %d)", printable(what), printable(str(exc)), attempt, attempts)
             if stop is None:
                 time.sleep(_RETRY_DELAY_S * attempt)

@@ -19,6 +19,7 @@ __all__ = [
     "NotARegularFileError",
     "ShortReadError",
     "SizeChangedError",
+    "same_kind",
     "storage_errors",
 ]
 
@@ -95,7 +96,23 @@ def storage_errors(what: str) -> Iterator[None]:
             error_type: type[OSError] = type(cause)
         else:
             error_type = _os_error_type(cause)
-        raise error_type(f"storage error while {what}: {type(cause).__name__}: {cause}") from exc
+        error = error_type(f"storage error while {what}: {type(cause).__name__}: {cause}")
+        if isinstance(cause, OSError):
+            error.errno = cause.errno
+        raise error from exc
+
+
+def same_kind(exc: OSError, message: str) -> OSError:
+    """An ``OSError`` of ``exc``'s class and ``errno`` that says ``message`` (a plain ``OSError``
+    with that ``errno`` when the class cannot be built from a message alone)."""
+    try:
+        error = type(exc)(message)
+    except Exception:
+        error = OSError(message)
+    if str(error) != message:
+        error = OSError(message)
+    error.errno = exc.errno
+    return error
 
 
 def _is_ours(exc: BaseException) -> bool:
