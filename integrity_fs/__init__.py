@@ -9,6 +9,7 @@ from .errors import (
     IntegrityError,
     ManifestError,
     ManifestNotFoundError,
+    PartialLoadError,
     SignatureError,
 )
 from .manifest import MANIFEST_FILENAME, Manifest
@@ -28,6 +29,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestNotFoundError",
+    "PartialLoadError",
     "Problem",
     "PruneResult",
     "Report",
