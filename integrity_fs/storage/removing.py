@@ -56,6 +56,9 @@ METADATA_ORDER = (SIGNATURE_FILENAME, MANIFEST_FILENAME, CHECKSUMS_FILENAME)
 
 log = logging.getLogger("integrity_fs")
 
+#: Whether local folders can be opened without following a link and files unlinked relative to them.
+_FOLDER_FDS = hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY") and {os.open, os.unlink} <= os.supports_dir_fd
+
 #: Deletions in flight at once where each object takes a request of its own.
 _DELETERS = 16
 
@@ -231,8 +234,17 @@ def _unseal_local(folder: Folder) -> None:
     deleted (the link itself goes with :func:`_remove_local_tree`), nothing outside it is touched."""
     if folder.link or not folder.metadata:
         return
+    if not _FOLDER_FDS:  # no descriptor-relative calls (Windows): by path, once the folder is no link
+        if not os.path.islink(folder.path):
+            for path in folder.files[: folder.metadata]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        return
     parent, name = os.path.split(folder.path.rstrip("/"))
-    parent_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        parent_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:  # the run's directory went meanwhile, and the folder with it
+        return
     try:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
