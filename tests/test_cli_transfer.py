@@ -141,6 +141,18 @@ def test_failed_copy_force_leaves_the_old_checkpoint_verifying(
     assert cli("verify", backend.url, "--strict", *options).returncode == 0
 
 
+def test_failed_upload_force_leaves_the_old_checkpoint_verifying(sealed: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    assert cli("upload", str(sealed), str(dst)).returncode == 0
+    old = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    (sealed / "sub" / "meta.json").write_bytes(b'{"step": 9999}\n')  # damaged: found once the rest was sent
+    proc = cli("upload", str(sealed), str(dst), "--force", "--workers", "1")
+    assert proc.returncode == 1 and "sub/meta.json" in error_lines(proc)[0]
+    assert {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()} == old
+    assert cli("verify", str(dst), "--strict").returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["dst", "step_1000"]  # no staging folder left beside it
+
+
 def test_upload_force_leaves_exactly_the_new_checkpoint(ckpt: Path, tmp_path: Path) -> None:
     dst = tmp_path / "dst"
     (ckpt / "old-only.bin").write_bytes(b"only in the old checkpoint")

@@ -155,6 +155,19 @@ def test_a_file_link_planted_while_a_transfer_runs_is_replaced_never_followed(tm
     assert ifs.verify(dst, strict=True).files_checked == len(NEW)
 
 
+def test_a_link_in_a_sealed_destination_refuses_a_forced_transfer_before_anything_is_staged(tmp_path: Path) -> None:
+    outside = _outside(tmp_path)
+    dst = tmp_path / "dst"
+    ifs.upload(write_tree(tmp_path / "old", OLD), dst)
+    (dst / "sub").symlink_to("../outside/dir")
+    before, old = tree(outside), tree(dst)
+    with pytest.raises(ValueError, match=str(dst / "sub")):
+        _transfer("copy", tmp_path, dst, overwrite=True)
+    assert tree(outside) == before and tree(dst) == old
+    assert ifs.verify(dst).files_checked == len(OLD)
+    assert sorted(os.listdir(tmp_path)) == ["dst", "old", "outside", "src"]  # no staging folder
+
+
 def test_seal_replaces_a_link_at_the_manifest_never_its_target(tmp_path: Path) -> None:
     outside = _outside(tmp_path)
     before = tree(outside)
