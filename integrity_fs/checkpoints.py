@@ -27,7 +27,7 @@ from fsspec.callbacks import Callback
 
 from . import manifests, signing, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
-from .manifest import Manifest
+from .manifest import MANIFEST_FILENAME, Manifest
 from .options import Attested, VerifyOptions, Work
 from .report import Problem, Report, printable
 from .verify import check, verify, verify_options
@@ -46,6 +46,7 @@ __all__ = [
     "judge",
     "latest_verified",
     "named",
+    "never_sealed",
     "newest_that",
     "plan_prune",
     "prune",
@@ -128,12 +129,18 @@ def skip_reason(exc: Exception) -> str | None:
     if isinstance(exc, ManifestError):
         return "invalid manifest"
     if isinstance(exc, SignatureError):
-        return "bad signature"
+        return "unsealed" if never_sealed(exc) else "bad signature"
     if isinstance(exc, IntegrityError):
         return "damaged"
     if isinstance(exc, FileNotFoundError):  # listed, then deleted (a rotation): not an outage
         return "vanished"
     return None
+
+
+def never_sealed(exc: SignatureError) -> bool:
+    """Whether a signature check failed on a checkpoint that has neither a signature nor a manifest:
+    one never sealed, not one whose signature is bad."""
+    return any(p.path == MANIFEST_FILENAME and p.kind == "missing" for p in exc.report.problems)
 
 
 def latest_verified(
@@ -497,7 +504,7 @@ def verdict_of(exc: Exception) -> Verdict | None:
     listing (``FileNotFoundError``) is ``"changing"``, as one that changed while it was read."""
     if isinstance(exc, FileChangedError):
         return "changing"
-    if isinstance(exc, ManifestNotFoundError):
+    if isinstance(exc, ManifestNotFoundError) or (isinstance(exc, SignatureError) and never_sealed(exc)):
         return "unsealed"
     if isinstance(exc, (ManifestError, NotImplementedError)):
         return "invalid"
