@@ -250,7 +250,14 @@ def test_unsupported_algorithm_in_manifest_exits_3(sealed: Path) -> None:
     (sealed / MANIFEST_FILENAME).write_text(json.dumps(manifest))
     proc = cli("verify", str(sealed))
     assert proc.returncode == 3
-    assert "md5" in error_lines(proc)[0]
+    what, hint = stderr_pair(proc)
+    assert "md5" in what
+    # Not `pip install -U integrity-fs` (not on PyPI; a no-op in a checkout): what this one reads, how to update it.
+    assert "-U" not in hint and "blake3, sha256" in hint and "file, chunk" in hint and "git pull" in hint, hint
+    manifest.update(algorithm="sha256", granularity="shard")
+    (sealed / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    proc = cli("verify", str(sealed))
+    assert proc.returncode == 3 and "shard" in stderr_pair(proc)[0] and "git pull" in stderr_pair(proc)[1]
 
 
 def test_quick_compares_sizes_without_reading(sealed: Path) -> None:

@@ -11,7 +11,9 @@ import errno
 import sys
 import traceback
 
+from .. import __version__
 from ..errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from ..hashing import ALGORITHMS, GRANULARITIES
 from ..report import printable
 from ..text import name_problems
 from .output import print_json
@@ -170,7 +172,11 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
     if isinstance(error, NotImplementedError):
         if "package" in str(error):  # an optional algorithm (blake3) that is not installed
             return str(error), _install_hint(ImportError(str(error)))
-        return str(error), "this manifest needs a newer integrity-fs: pip install -U integrity-fs"
+        return str(error), (
+            f"integrity-fs {__version__} reads the algorithms {', '.join(sorted(ALGORITHMS))} and the granularities "
+            f"{', '.join(GRANULARITIES)}: this manifest was written by another tool or a later integrity-fs; verify "
+            "it with that, or update this one (in a source checkout: git pull, then pip install -e .)"
+        )
     if isinstance(error, UsageError):
         return str(error), f"see `{PROG} {command} --help`" if args else f"see `{PROG} --help`"
     if isinstance(error, ImportError):
