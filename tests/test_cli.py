@@ -455,8 +455,6 @@ def test_export_writes_other_formats_that_verify_reads_back(sealed: Path) -> Non
     sums = cli("export", str(sealed), "--format", "sha256sum")
     assert sums.returncode == 0, sums.stderr
     assert sums.stdout.splitlines() == [f"{sha256(FILES[name])}  {name}" for name in sorted(FILES)]
-    megatron = cli("export", str(sealed), "--format", "megatron")
-    assert json.loads(megatron.stdout) == {"algorithm": "sha256", "files": manifest_of(sealed)["files"]}
 
     (sealed / "SHA256SUMS").write_text(sums.stdout)
     (sealed / MANIFEST_FILENAME).unlink()
@@ -482,6 +480,20 @@ def test_export_refuses_what_the_format_cannot_hold(ckpt: Path) -> None:
     error, hint = stderr_pair(chunked)
     assert "chunk granularity" in error and "whole-file SHA-256" in hint
     assert cli("export", str(ckpt), "--format", "md5sum").returncode == 2
+    # Megatron's integrity.json holds the top-level files only (docs/formats.md): sub/meta.json cannot be in it.
+    assert cli("seal", str(ckpt), "--force").returncode == 0
+    nested = cli("export", str(ckpt), "--format", "megatron")
+    assert nested.returncode == 2 and nested.stdout == ""
+    error, hint = stderr_pair(nested)
+    assert "top-level files" in error and "sub/meta.json" in error and "megatron top-level files only" in hint
+    (ckpt / "sub" / "meta.json").unlink()
+    (ckpt / "sub").rmdir()
+    assert cli("seal", str(ckpt), "--force").returncode == 0
+    flat = cli("export", str(ckpt), "--format", "megatron")
+    assert flat.returncode == 0 and json.loads(flat.stdout) == {
+        "algorithm": "sha256",
+        "files": manifest_of(ckpt)["files"],
+    }
 
 
 def test_exported_sha256sums_pass_coreutils(sealed: Path) -> None:

@@ -310,6 +310,15 @@ def test_megatron_integrity_json(tmp_path: Path) -> None:
     _must_fail(root, "a.bin", manifest="integrity.json")
 
 
+def test_megatron_holds_top_level_files_only() -> None:
+    """Megatron lists and checks the files directly in the checkpoint's directory: a manifest with
+    files in subdirectories cannot be written as its integrity.json."""
+    nested = Manifest(files={"a.bin": _sha(b"a"), "optim/shards/blob.bin": _sha(b"b")})
+    with pytest.raises(ValueError, match=r"top-level files .*optim/shards/blob\.bin"):
+        formats.dump(nested, "megatron")
+    assert formats.dump(nested, "sha256sum").count(b"\n") == 2  # sha256sum lists every file
+
+
 def test_a_foreign_manifest_may_list_ours(tmp_path: Path) -> None:
     """Megatron (or sha256sum *) run on a sealed directory lists _integrity_manifest.json: left out."""
     root = _tree(tmp_path / "ckpt")

@@ -375,7 +375,8 @@ COMMANDS: list[Command] = [
         "Reads the manifest (nothing else) and writes it as sha256sum text (what `sha256sum -c` reads),\n"
         "b3sum text (what `b3sum -c` reads, for a BLAKE3 manifest), Megatron-LM's integrity.json, or\n"
         "the seed's manifest (its four keys only, no sizes). Each holds whole-file digests: a chunk\n"
-        "manifest, or another algorithm, is refused (exit 2).\n\n"
+        "manifest, or another algorithm, is refused (exit 2); so are files in subdirectories for\n"
+        "megatron, which lists top-level files only.\n\n"
         + _examples(
             "export ./step_1000 --format sha256sum > SHA256SUMS",
             "export s3://bucket/run/iter_0001000 --format megatron > integrity.json",

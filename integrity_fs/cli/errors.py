@@ -189,8 +189,8 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         return str(error), hints.get(command, "choose another destination, or pass --force to replace its manifest")
     if isinstance(error, ValueError) and command == "export":
         return str(error), (
-            "sha256sum, megatron and seed hold whole-file SHA-256 digests, b3sum whole-file BLAKE3 ones; "
-            f"`{PROG} show URL` says how this checkpoint was sealed"
+            "sha256sum, megatron and seed hold whole-file SHA-256 digests, b3sum whole-file BLAKE3 ones, and "
+            f"megatron top-level files only; `{PROG} show URL` says how this checkpoint was sealed"
         )
     if isinstance(error, (ValueError, TypeError)):
         return str(error), f"check the arguments and -o storage options; see `{PROG} {command} --help`"
