@@ -107,16 +107,18 @@ def checkpoint_url(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return path if storage.is_local(fs) else fs.unstrip_protocol(path)
 
 
-def names_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+def names_or_none(fs: fsspec.AbstractFileSystem, root: str, *, warn: bool = True) -> list[str]:
     """:func:`checkpoint_names` for a resume: a root that does not exist yet has no checkpoints.
 
     A run that has never saved has no directory (on object stores, no object under the prefix);
-    that is logged at WARNING (a wrong path shows up there) and answered with no candidates.
+    that is logged at WARNING (a wrong path shows up there; at INFO unless ``warn``: the ranks
+    other than 0 of a job) and answered with no candidates.
     """
     try:
         return checkpoint_names(fs, root)
     except FileNotFoundError as exc:
-        log.warning("no checkpoints under %s: %s", printable(storage.describe(fs, root)), printable(str(exc)))
+        where, why = printable(storage.describe(fs, root)), printable(str(exc))
+        log.log(logging.WARNING if warn else logging.INFO, "no checkpoints under %s: %s", where, why)
         return []
 
 
