@@ -19,6 +19,7 @@ from cli_run import (
     manifest_of,
     rewrite_while_read,
     run_on_terminal,
+    screen_lines,
     stderr_pair,
     write_large,
 )
@@ -165,6 +166,18 @@ def test_latest_of_a_root_that_is_not_there_is_a_path_problem(run: Path) -> None
         shutil.rmtree(run / f"step_{step}")
     empty = cli("latest", str(run))
     assert empty.returncode == 1 and "holds no checkpoint directory" in stderr_pair(empty)[0]
+
+
+def test_warning_lines_are_written_through_the_progress_bar(run: Path) -> None:
+    """A WARNING while a bar is drawn clears the bar first and starts its own line (the bar is
+    drawn again below it): never ``latest:  89%|…]integrity-fs: WARNING: skipping …`` on one line."""
+    pytest.importorskip("tqdm")
+    proc = cli("latest", str(run), terminal=True)  # the bar forced on, in this process
+    assert proc.returncode == 0 and proc.stdout == f"{run / 'step_1'}\n"
+    assert "latest: " in proc.stderr and "%|" in proc.stderr  # a bar was drawn
+    warnings = [line for line in screen_lines(proc.stderr) if "WARNING" in line]
+    assert len(warnings) == 3, proc.stderr  # step_4 unsealed, step_3 damaged, step_2 truncated
+    assert all(line.startswith("integrity-fs: WARNING: skipping ") for line in warnings), warnings
 
 
 def test_latest_shows_a_progress_bar_while_it_hashes(run: Path) -> None:

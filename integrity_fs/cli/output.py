@@ -27,6 +27,7 @@ from ..text import describe_problem, extra_note, format_bytes, format_work, name
 
 __all__ = [
     "LARGEST_SHOWN",
+    "AboveTheBar",
     "OneLine",
     "Run",
     "attested_kinds",
@@ -68,18 +69,25 @@ def write_bytes(data: bytes) -> None:
         out.flush()
 
 
+#: The bars on screen now (see :func:`progress_bar`): while there is one, log lines go through tqdm.
+_SHOWN: list[Callback] = []
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool, desc: str) -> Iterator[Callback]:
     """A tqdm bar on stderr (bytes, rate, ETA, in the binary units the summaries use); fsspec's
     no-op callback when disabled or without tqdm. Each ``set_size`` starts the bar afresh (``latest``
-    verifies one checkpoint after another)."""
+    verifies one checkpoint after another). While it is shown, :func:`cli_logging`'s lines are
+    written through tqdm, above it."""
     callback = _tqdm_callback(desc) if enabled else None
     if callback is None:  # decided outside any ``except``: the command's own errors chain nothing
         yield DEFAULT_CALLBACK
         return
+    _SHOWN.append(callback)
     try:
         yield callback
     finally:
+        _SHOWN.remove(callback)
         callback.close()
 
 
@@ -362,6 +370,23 @@ def print_manifest(url: str, manifest: Manifest, *, as_json: bool) -> None:
             print(f"  {format_bytes(size):>10}  {printable(name)}")
 
 
+class AboveTheBar(logging.StreamHandler):  # type: ignore[type-arg]  # StreamHandler is generic in typeshed only
+    """Each line on its own line of the terminal, while a progress bar is drawn too: written
+    through ``tqdm.write``, which clears the bar, writes the line and draws the bar again below it
+    (a plain write would land at the end of the bar's line)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _SHOWN:
+            super().emit(record)
+            return
+        try:
+            import tqdm  # a bar is shown, so tqdm is there
+
+            tqdm.tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 class OneLine(logging.Formatter):
     """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
     error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
@@ -380,7 +405,7 @@ def cli_logging(prog: str, *, debug: bool) -> Iterator[None]:
     request it gives up on, google-auth warns about credentials) stays off stderr: the error's two
     lines say what failed, and ``--debug`` shows the rest."""
     logger = logging.getLogger("integrity_fs")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = AboveTheBar(sys.stderr)
     handler.setFormatter(OneLine(f"{prog}: %(levelname)s: %(message)s"))
     before = logger.propagate, logger.level
     logger.addHandler(handler)
