@@ -142,6 +142,9 @@ def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: WARNING: skipping")]
     assert [w.split()[3] for w in warnings] == [str(run / f"step_{n}") for n in (4, 3, 2)]
     assert "(unsealed)" in warnings[0] and "(damaged)" in warnings[1] and "model.bin" in warnings[1]
+    assert not re.search("[0-9a-f]{64}", warnings[1]) and re.search(
+        r"expected [0-9a-f]{8}…[0-9a-f]{8}, found", warnings[1]
+    )
     assert not error_lines(proc)
     quick = cli("latest", str(run), "--quick")
     assert quick.returncode == 0 and quick.stdout == f"{run / 'step_3'}\n"  # names and sizes only

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import sys
 import time
 import warnings
@@ -23,7 +24,7 @@ from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
 from ..signing import SIGNATURE_FILENAME
-from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems
+from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems, short_digest
 
 __all__ = [
     "LARGEST_SHOWN",
@@ -387,12 +388,18 @@ class AboveTheBar(logging.StreamHandler):  # type: ignore[type-arg]  # StreamHan
             self.handleError(record)
 
 
+#: A digest a problem quotes (``expected 5e0a…, found 9b1c…``), to be shortened as FAILED lines do.
+_QUOTED_DIGEST = re.compile(r"\b(expected|found) ([0-9a-f]{17,})\b")
+
+
 class OneLine(logging.Formatter):
     """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
-    error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
+    error) is escaped, so no record can print a line of its own (a fake ``verified``). The digests
+    a problem quotes are shortened, as on FAILED lines (``--json`` keeps them whole)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        line = printable(super().formatMessage(record))
+        return _QUOTED_DIGEST.sub(lambda m: f"{m[1]} {short_digest(m[2])}", line)
 
 
 @contextlib.contextmanager
