@@ -164,6 +164,7 @@ def test_latest_of_a_root_that_is_not_there_is_a_path_problem(run: Path) -> None
     assert typo.returncode == 4 and typo.stdout == ""
     what, hint = stderr_pair(typo)
     assert str(run) + "x" in what and "check the path" in hint and "create ROOT first" in hint
+    assert "ROOT must be the run's directory (the one that holds its checkpoints), and it must exist" in hint, hint
     assert "WARNING" not in typo.stderr
     for step in range(5):
         shutil.rmtree(run / f"step_{step}")

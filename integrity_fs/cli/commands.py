@@ -67,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
     two stderr lines and, with ``--json``, a JSON object."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message, self.prog)  # this parser's command: `integrity-fs export`
 
 
 # --------------------------------------------------------------------------- commands
@@ -485,6 +485,7 @@ exit codes:
   2  usage error: bad arguments or -o options; a refusal to replace existing data
   3  manifest missing or invalid (or an unsupported algorithm or granularity)
   4  storage or I/O error: no such checkpoint, network, credentials, permission, disk full
+  130  interrupted (Ctrl-C)
 """
 )
 

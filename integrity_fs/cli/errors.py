@@ -71,7 +71,12 @@ class AgreedError(Exception):
 
 
 class UsageError(Exception):
-    """The command line asks for something impossible; exit code 2."""
+    """The command line asks for something impossible; exit code 2. ``prog``: the command whose
+    arguments were wrong (``integrity-fs export``), when argparse knew it."""
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
 
 
 class KeyFileError(ValueError):
@@ -170,15 +175,17 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
     if isinstance(error, ManifestError):
         return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
     if isinstance(error, NotImplementedError):
-        if "package" in str(error):  # an optional algorithm (blake3) that is not installed
-            return str(error), _install_hint(ImportError(str(error)))
+        if "package" in str(
+            error
+        ):  # an optional algorithm (blake3) that is not installed: the error says what to install
+            return str(error), "install the package as the error line says, then run the command again"
         return str(error), (
             f"integrity-fs {__version__} reads the algorithms {', '.join(sorted(ALGORITHMS))} and the granularities "
             f"{', '.join(GRANULARITIES)}: this manifest was written by another tool or a later integrity-fs; verify "
             "it with that, or update this one (in a source checkout: git pull, then pip install -e .)"
         )
     if isinstance(error, UsageError):
-        return str(error), f"see `{PROG} {command} --help`" if args else f"see `{PROG} --help`"
+        return str(error), f"see `{error.prog or (f'{PROG} {command}' if args else PROG)} --help`"
     if isinstance(error, ImportError):
         return str(error), _install_hint(error)
     if isinstance(error, FileExistsError):
@@ -200,12 +207,13 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             return what, "the disk is full: free space on the destination, or choose another one"
         local = _is_local(error, args)
         if isinstance(error, (FileNotFoundError, NotADirectoryError)):
-            run = command in ("status", "latest", "prune")
-            wanted = "a run's directory, holding its checkpoints" if run else "a checkpoint directory"
+            where = "check the path" if local else "check the bucket and prefix in the URL"
+            if command not in ("status", "latest", "prune"):
+                return what, f"{where}: it must name {'an existing' if local else 'a'} checkpoint directory"
+            wanted = "ROOT must be the run's directory (the one that holds its checkpoints)"
+            there = ", and it must exist" if local else ""
             later = "; a run that has not saved yet has none: create ROOT first" if command == "latest" else ""
-            if local:
-                return what, f"check the path: it must name {wanted} that exists{later}"
-            return what, f"check the bucket and prefix in the URL: it must name {wanted}{later}"
+            return what, f"{where}: {wanted}{there}{later}"
         if local:
             return what, "check the path and its permissions; --debug shows the full error"
         return (
