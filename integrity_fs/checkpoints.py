@@ -35,6 +35,7 @@ from .verify import check, verify, verify_options
 __all__ = [
     "BAD_SIGNATURE",
     "DELETABLE",
+    "SKIPPED",
     "Action",
     "CheckpointStatus",
     "PruneResult",
@@ -68,6 +69,9 @@ _DIGITS = re.compile(r"[0-9]+")
 
 #: How :attr:`CheckpointStatus.detail` starts when the verdict is a signature's (``status`` with a key).
 BAD_SIGNATURE = "bad signature: "
+#: The attribute of each "skipping" log record that holds the skip as data: ``{"url", "reason",
+#: "error"}`` (what ``integrity-fs latest --json`` lists).
+SKIPPED = "integrity_fs_skipped"
 
 
 def find_checkpoints(
@@ -204,7 +208,8 @@ def newest_that(
     The one loop of "the newest good checkpoint": ``latest_verified`` (a verification),
     ``distributed.latest_verified`` (a collective one) and ``dcp.load_latest`` (a verified load)
     pass their own ``attempt``. A candidate whose attempt raises what :func:`skip_reason` names is
-    skipped, with a WARNING (``warn``) naming the reason; anything else (a storage error) is raised.
+    skipped, with a WARNING (``warn``) naming the reason (the record's :data:`SKIPPED` attribute
+    holds it as data); anything else (a storage error) is raised.
     """
     for path, url in candidates:
         try:
@@ -214,7 +219,10 @@ def newest_that(
             if reason is None:
                 raise
             if warn:
-                log.warning("skipping %s (%s): %s", printable(url), reason, printable(str(exc)))
+                skipped = {"url": url, "reason": reason, "error": str(exc)}
+                log.warning(
+                    "skipping %s (%s): %s", printable(url), reason, printable(str(exc)), extra={SKIPPED: skipped}
+                )
             continue
         return url, result
     return None

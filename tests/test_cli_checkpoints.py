@@ -158,6 +158,30 @@ def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
     assert "(invalid manifest)" in none.stderr
 
 
+def test_latest_json_gives_the_url_and_the_checkpoints_skipped_with_why(run: Path) -> None:
+    proc = cli("latest", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["url"] == str(run / "step_1") and found["ok"] and found["root"] == str(run) and not found["quick"]
+    skipped = found["skipped"]
+    assert [(s["url"], s["reason"]) for s in skipped] == [
+        (str(run / "step_4"), "unsealed"),
+        (str(run / "step_3"), "damaged"),
+        (str(run / "step_2"), "damaged"),
+    ]
+    assert "model.bin: mismatch" in skipped[1]["error"] and "optim.bin: size" in skipped[2]["error"]
+    assert proc.stderr.count("WARNING: skipping") == 3  # the lines for a person stay on stderr
+
+    flip(run / "step_1" / "model.bin", 0)
+    none = cli("latest", str(run), "--json")
+    assert none.returncode == 1
+    failed = json.loads(none.stdout)  # one object: the failure, and every checkpoint skipped
+    assert failed["url"] is None and not failed["ok"] and failed["exit_code"] == 1
+    assert failed["error"] == f"no checkpoint under {run} verifies"
+    assert [s["reason"] for s in failed["skipped"]] == ["unsealed", "damaged", "damaged", "damaged", "invalid manifest"]
+    assert none.stderr.splitlines()[-2] == f"integrity-fs: error: no checkpoint under {run} verifies"
+
+
 def test_latest_of_a_root_that_is_not_there_is_a_path_problem(run: Path) -> None:
     """A mistyped ROOT is exit 4 with a path hint, told apart from "none verifies" (exit 1)."""
     typo = cli("latest", str(run) + "x")

@@ -47,6 +47,7 @@ from .errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedErr
 from .output import (
     cli_logging,
     failure,
+    print_latest,
     print_manifest,
     print_prune,
     print_status,
@@ -56,6 +57,7 @@ from .output import (
     progress,
     running,
     signed_note,
+    skipped_checkpoints,
     write_bytes,
 )
 
@@ -168,7 +170,8 @@ def cmd_latest(args: argparse.Namespace) -> int:
         return options, public_key_of(args.public_key)
 
     options, key = args.launch.agreed(prepare)
-    with running(args, "latest", bar=not args.quick) as run:  # only hashing takes long
+    # only hashing takes long: a bar unless --quick
+    with running(args, "latest", bar=not args.quick) as run, skipped_checkpoints() as skipped:
         found = args.launch.latest_verified(
             args.root,
             mode=args.mode,
@@ -180,8 +183,14 @@ def cmd_latest(args: argparse.Namespace) -> int:
             callback=run.callback,
         )
     if found is None:
-        raise none_verified(args)
-    print(found[0])
+        error = none_verified(args)
+        if args.json:
+            print_latest(args.root, None, skipped, quick=args.quick, exit_code=EXIT_INTEGRITY, error=str(error))
+        raise error
+    if args.json:
+        print_latest(args.root, found[0], skipped, quick=args.quick)
+    else:
+        print(found[0])
     return EXIT_OK
 
 

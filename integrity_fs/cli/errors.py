@@ -240,7 +240,11 @@ def report_error(error: BaseException, args: argparse.Namespace | None, *, as_js
     if debug:
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
     what, hint = describe_error(error, args)
-    if as_json and not (isinstance(error, IntegrityError) and getattr(args, "command", None) == "verify"):
+    # verify --json and latest --json print their own object, failure included
+    printed = isinstance(error, NoneVerifiedError) or (
+        isinstance(error, IntegrityError) and getattr(args, "command", None) == "verify"
+    )
+    if as_json and not printed:
         urls: list[str | None] = [*_urls(args), None]
         print_json({"url": urls[0], "ok": False, "exit_code": code, "error": what})
     print(f"{PROG}: error: {printable(what)}", file=sys.stderr)  # a message may quote names (and a backend's newlines)

@@ -19,7 +19,7 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from ..checkpoints import BAD_SIGNATURE, CheckpointStatus, PruneResult
+from ..checkpoints import BAD_SIGNATURE, SKIPPED, CheckpointStatus, PruneResult
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
@@ -36,6 +36,7 @@ __all__ = [
     "failure",
     "print_failure",
     "print_json",
+    "print_latest",
     "print_manifest",
     "print_prune",
     "print_status",
@@ -46,6 +47,7 @@ __all__ = [
     "progress_bar",
     "running",
     "signed_note",
+    "skipped_checkpoints",
     "status_verdict",
     "verify_notes",
     "write_bytes",
@@ -287,6 +289,32 @@ def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool,
             f"{name:<{width}}  {sealed:<8}  {checkpoint.files:>{digits}} {noun:<5}  "
             f"{format_bytes(checkpoint.bytes):>10}  {status_verdict(checkpoint, full=full)}"
         )
+
+
+def print_latest(root: str, url: str | None, skipped: Sequence[dict[str, str]], *, quick: bool, **failure: Any) -> None:
+    """``latest --json``: the URL found (``null`` when none verifies, with ``failure``'s
+    ``exit_code`` and ``error``) and the checkpoints skipped before it, newest first, with why."""
+    print_json({"root": root, "url": url, "ok": url is not None, "quick": quick, "skipped": list(skipped), **failure})
+
+
+@contextlib.contextmanager
+def skipped_checkpoints() -> Iterator[list[dict[str, str]]]:
+    """The checkpoints the library skips while the block runs (``url``, ``reason``, ``error``),
+    from its "skipping" records (:data:`integrity_fs.checkpoints.SKIPPED`)."""
+    found: list[dict[str, str]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            skipped = getattr(record, SKIPPED, None)
+            if skipped is not None:
+                found.append(skipped)
+
+    logger, handler = logging.getLogger("integrity_fs"), Collect(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
 
 
 def print_prune(root: str, result: PruneResult, *, keep_last: int, as_json: bool) -> None:
