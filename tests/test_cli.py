@@ -364,6 +364,27 @@ def test_s3_missing_manifest_exits_3(s3: tuple[Backend, list[str]]) -> None:
     assert backend.url in error_lines(proc)[0]
 
 
+def test_s3_refusals_name_what_was_refused(s3: tuple[Backend, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 refuses an anonymous read of a private object (s3fs says only "Forbidden"), and a client
+    finds no credentials: each error line names the object it could not read, as an s3:// URL."""
+    backend, options = s3
+    assert cli("seal", backend.url, *options).returncode == 0
+    manifest = f"{backend.url}/{MANIFEST_FILENAME}"
+    anonymous = cli("verify", backend.url, "-o", "anon=true", *options)
+    assert anonymous.returncode == 4
+    what, hint = stderr_pair(anonymous)
+    assert what == f"integrity-fs: error: storage error while reading {manifest}: Forbidden", what
+    assert "credentials" in hint
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    nobody = cli("verify", backend.url, "-o", "skip_instance_cache=true", *options)  # a client made afresh
+    assert nobody.returncode == 4
+    assert f"storage error while reading {manifest}: NoCredentialsError" in stderr_pair(nobody)[0]
+
+
 def test_unreachable_endpoint_is_a_storage_error() -> None:
     proc = cli(
         "verify",
