@@ -5,6 +5,7 @@ a block)."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
 import signal
@@ -146,6 +147,32 @@ def test_blocks_and_directives_are_found_where_they_stand() -> None:
 def test_the_readme_stays_short() -> None:
     """The README is the short tour (what ``wc -w`` counts); the reference lives in docs/."""
     assert len(README.read_text(encoding="utf-8").split()) <= 3000
+
+
+#: A checkpoint (or run) a block names in the test's bucket: ``s3://bucket/run/step_1000`` -> ``run/step_1000``.
+BUCKET_NAME = re.compile(r"\bbucket/([\w.-]+(?:/[\w.-]+)?)")
+
+
+def test_pages_name_checkpoints_of_their_own_in_the_bucket() -> None:
+    """Run one page's S3 snippets after another's against one bucket (a reader trying both) and
+    neither may trip over what the other wrote: no two pages name the same checkpoint, nor one
+    inside a run the other names."""
+    names: dict[str, set[str]] = {}
+    for block in BLOCKS:
+        if block.s3:
+            names.setdefault(block.page, set()).update(BUCKET_NAME.findall(block.code))
+
+    def overlap(a: str, b: str) -> bool:
+        return a == b or a.startswith(f"{b}/") or b.startswith(f"{a}/")
+
+    shared = [
+        (page, other, a, b)
+        for page, other in itertools.combinations(sorted(names), 2)
+        for a in names[page]
+        for b in names[other]
+        if overlap(a, b)
+    ]
+    assert not shared, shared
 
 
 def test_no_page_speaks_of_how_the_project_was_run() -> None:
