@@ -170,7 +170,7 @@ def cmd_latest(args: argparse.Namespace) -> int:
         return options, public_key_of(args.public_key)
 
     options, key = args.launch.agreed(prepare)
-    # only hashing takes long: a bar unless --quick
+    # A bar unless --quick: only hashing takes long.
     with running(args, "latest", bar=not args.quick) as run, skipped_checkpoints() as skipped:
         found = args.launch.latest_verified(
             args.root,

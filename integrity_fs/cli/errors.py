@@ -175,9 +175,7 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
     if isinstance(error, ManifestError):
         return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
     if isinstance(error, NotImplementedError):
-        if "package" in str(
-            error
-        ):  # an optional algorithm (blake3) that is not installed: the error says what to install
+        if "package" in str(error):  # blake3 not installed: the error line names what to install
             return str(error), "install the package as the error line says, then run the command again"
         return str(error), (
             f"integrity-fs {__version__} reads the algorithms {', '.join(sorted(ALGORITHMS))} and the granularities "
