@@ -114,6 +114,15 @@ def test_upload_then_verify(ckpt: Path, s3_backend: Backend, s3_endpoint: str) -
     assert again.returncode == 2 and "already holds a sealed checkpoint" in error_lines(again)[0]
 
 
+def test_upload_to_a_bucket_that_does_not_exist_says_only_that(ckpt: Path, s3_endpoint: str) -> None:
+    """Nothing was written, so nothing is left to delete: no WARNING about files it could not delete."""
+    endpoint = f"client_kwargs.endpoint_url={s3_endpoint}"
+    proc = cli("upload", str(ckpt), "s3://no-such-bucket-here/run/step_1000", "-o", endpoint)
+    assert proc.returncode == 4 and proc.stdout == ""
+    assert "WARNING" not in proc.stderr, proc.stderr
+    assert len(error_lines(proc)) == 1 and "bucket does not exist" in error_lines(proc)[0], proc.stderr
+
+
 @pytest.mark.parametrize("granularity", [["--granularity", "file"], ["--chunk-size", "64K"]])
 def test_upload_to_local_url_gives_the_same_manifest_as_seal(
     ckpt: Path, tmp_path: Path, granularity: list[str]

@@ -132,6 +132,8 @@ def delete_objects(
             delete = {"Objects": [{"Key": key} for key in batch], "Quiet": True}
             try:
                 out = sync(fs_.loop, fs_._call_s3, "delete_objects", Bucket=bucket, Delete=delete)
+            except FileNotFoundError:  # no such bucket: none of its objects is there
+                continue
             except Exception as exc:
                 log.info("deleting %d objects from %s failed: %s", len(batch), bucket, exc)
                 left += [named[key] for key in batch]

@@ -28,7 +28,7 @@ from . import s3
 from .errors import storage_errors
 from .local import create_beneath, open_dir_beneath, rename_beneath, unlink_beneath
 from .read import Sink
-from .urls import is_local
+from .urls import describe, is_local
 
 __all__ = [
     "SealingWriter",
@@ -74,7 +74,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
             raise
         sync_dirs([directory])
         return
-    with storage_errors(f"writing {path}"):
+    with storage_errors(f"writing {describe(fs, path)}"):
         fs.pipe_file(path, data)
 
 
@@ -469,11 +469,11 @@ def _sha256(data: bytes | bytearray | memoryview) -> str:
 
 def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Delete one file; one that is already gone is fine."""
-    with contextlib.suppress(FileNotFoundError), storage_errors(f"deleting {path}"):
+    with contextlib.suppress(FileNotFoundError), storage_errors(f"deleting {describe(fs, path)}"):
         fs.rm_file(path)
 
 
 def makedirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Create the directory ``path`` and its parents where the filesystem has directories."""
-    with storage_errors(f"creating {path}"):
+    with storage_errors(f"creating {describe(fs, path)}"):
         fs.makedirs(path, exist_ok=True)
