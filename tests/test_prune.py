@@ -55,8 +55,12 @@ def _folders(store: Backend) -> set[str]:
 
 
 def _held(store: Backend, *names: str) -> int:
-    """The bytes of every file of the checkpoints ``names`` (manifest and sidecar included)."""
-    return sum(len(store.read(f)) for f in store.listdir() if f.split("/", 1)[0] in names)
+    """The bytes of every file of the checkpoints ``names`` (manifest and sidecar included), as listed
+    (s3fs before 2025 lists a folder marker ``a/`` as a file ``a``, which cannot be read)."""
+    store.fs.invalidate_cache()
+    listed = store.fs.find(store.root, detail=True)
+    prefix = store.root + "/"
+    return sum(int(info["size"]) for path, info in listed.items() if path[len(prefix) :].split("/", 1)[0] in names)
 
 
 def _prune(store: Backend, **kw: Any) -> ifs.PruneResult:
