@@ -1,7 +1,7 @@
 """integrity_fs: seal checkpoint directories with SHA-256 manifests and verify them before loading,
 on any fsspec filesystem (local, S3, GCS, ...)."""
 
-from . import formats
+from . import formats, logs
 from .checkpoints import PruneResult, find_checkpoints, latest_verified, prune
 from .errors import (
     CheckpointingException,
@@ -50,3 +50,5 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+logs.install()  # the library's records name their level and logger where the application configured no logging

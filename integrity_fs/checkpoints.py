@@ -27,7 +27,7 @@ from fsspec.callbacks import Callback
 
 from . import manifests, series, signing, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
-from .manifest import Manifest
+from .manifest import MANIFEST_FILENAME, Manifest
 from .options import Attested, VerifyOptions, Work
 from .report import Problem, Report, printable
 from .verify import check, verify, verify_options
@@ -35,6 +35,7 @@ from .verify import check, verify, verify_options
 __all__ = [
     "BAD_SIGNATURE",
     "DELETABLE",
+    "SKIPPED",
     "Action",
     "CheckpointStatus",
     "PruneResult",
@@ -46,6 +47,7 @@ __all__ = [
     "judge",
     "latest_verified",
     "named",
+    "never_sealed",
     "newest_that",
     "plan_prune",
     "prune",
@@ -67,6 +69,9 @@ Verdict = Literal["ok", "damaged", "unsealed", "invalid", "changing"]
 
 #: How :attr:`CheckpointStatus.detail` starts when the verdict is a signature's (``status`` with a key).
 BAD_SIGNATURE = "bad signature: "
+#: The attribute of each "skipping" log record that holds the skip as data: ``{"url", "reason",
+#: "error"}`` (what ``integrity-fs latest --json`` lists).
+SKIPPED = "integrity_fs_skipped"
 
 
 def find_checkpoints(
@@ -100,16 +105,18 @@ def checkpoint_url(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return path if storage.is_local(fs) else fs.unstrip_protocol(path)
 
 
-def names_or_none(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+def names_or_none(fs: fsspec.AbstractFileSystem, root: str, *, warn: bool = True) -> list[str]:
     """:func:`checkpoint_names` for a resume: a root that does not exist yet has no checkpoints.
 
     A run that has never saved has no directory (on object stores, no object under the prefix);
-    that is logged at WARNING (a wrong path shows up there) and answered with no candidates.
+    that is logged at WARNING (a wrong path shows up there; at INFO unless ``warn``: the ranks
+    other than 0 of a job) and answered with no candidates.
     """
     try:
         return checkpoint_names(fs, root)
     except FileNotFoundError as exc:
-        log.warning("no checkpoints under %s: %s", printable(storage.describe(fs, root)), printable(str(exc)))
+        where, why = printable(storage.describe(fs, root)), printable(str(exc))
+        log.log(logging.WARNING if warn else logging.INFO, "no checkpoints under %s: %s", where, why)
         return []
 
 
@@ -122,12 +129,18 @@ def skip_reason(exc: Exception) -> str | None:
     if isinstance(exc, ManifestError):
         return "invalid manifest"
     if isinstance(exc, SignatureError):
-        return "bad signature"
+        return "unsealed" if never_sealed(exc) else "bad signature"
     if isinstance(exc, IntegrityError):
         return "damaged"
     if isinstance(exc, FileNotFoundError):  # listed, then deleted (a rotation): not an outage
         return "vanished"
     return None
+
+
+def never_sealed(exc: SignatureError) -> bool:
+    """Whether a signature check failed on a checkpoint that has neither a signature nor a manifest:
+    one never sealed, not one whose signature is bad."""
+    return any(p.path == MANIFEST_FILENAME and p.kind == "missing" for p in exc.report.problems)
 
 
 def latest_verified(
@@ -189,7 +202,8 @@ def newest_that(
     The one loop of "the newest good checkpoint": ``latest_verified`` (a verification),
     ``distributed.latest_verified`` (a collective one) and ``dcp.load_latest`` (a verified load)
     pass their own ``attempt``. A candidate whose attempt raises what :func:`skip_reason` names is
-    skipped, with a WARNING (``warn``) naming the reason; anything else (a storage error) is raised.
+    skipped, with a WARNING (``warn``) naming the reason (the record's :data:`SKIPPED` attribute
+    holds it as data); anything else (a storage error) is raised.
     """
     for path, url in candidates:
         try:
@@ -199,7 +213,10 @@ def newest_that(
             if reason is None:
                 raise
             if warn:
-                log.warning("skipping %s (%s): %s", printable(url), reason, printable(str(exc)))
+                skipped = {"url": url, "reason": reason, "error": str(exc)}
+                log.warning(
+                    "skipping %s (%s): %s", printable(url), reason, printable(str(exc)), extra={SKIPPED: skipped}
+                )
             continue
         return url, result
     return None
@@ -502,7 +519,7 @@ def verdict_of(exc: Exception) -> Verdict | None:
     listing (``FileNotFoundError``) is ``"changing"``, as one that changed while it was read."""
     if isinstance(exc, FileChangedError):
         return "changing"
-    if isinstance(exc, ManifestNotFoundError):
+    if isinstance(exc, ManifestNotFoundError) or (isinstance(exc, SignatureError) and never_sealed(exc)):
         return "unsealed"
     if isinstance(exc, (ManifestError, NotImplementedError)):
         return "invalid"

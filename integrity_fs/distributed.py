@@ -521,7 +521,8 @@ def _agreed(
     list the same (see :func:`agreed_candidates`)."""
 
     def mine() -> list[tuple[str, str]]:
-        return (listing or _latest_candidates)(*storage.resolve(root, storage_options, fs))
+        fs_, root_ = storage.resolve(root, storage_options, fs)
+        return listing(fs_, root_) if listing else _latest_candidates(fs_, root_, warn=g.rank == 0)
 
     listed = call.attempt(mine)
     gathered = all_gather(g, listed)
@@ -538,9 +539,9 @@ def _agreed(
     return listed
 
 
-def _latest_candidates(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, str]]:
-    """The candidates' paths and URLs, newest first."""
-    names = checkpoints.names_or_none(fs, root)
+def _latest_candidates(fs: fsspec.AbstractFileSystem, root: str, *, warn: bool = True) -> list[tuple[str, str]]:
+    """The candidates' paths and URLs, newest first (a root not there yet logged once a job: ``warn``)."""
+    names = checkpoints.names_or_none(fs, root, warn=warn)
     return [(storage.join(root, name), checkpoints.checkpoint_url(fs, storage.join(root, name))) for name in names]
 
 

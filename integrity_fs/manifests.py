@@ -109,11 +109,15 @@ def check_signature(
     try:
         data = storage.read_file(fs, path)
     except (FileNotFoundError, IsADirectoryError, storage.NotARegularFileError) as exc:
-        missing = Report(problems=(Problem(signing.SIGNATURE_FILENAME, "missing"),))
+        # With no manifest either, the report says so: the checkpoint was never sealed (unsealed,
+        # not damaged, for latest_verified and prune), whichever rank reports it.
+        unsealed = (Problem(MANIFEST_FILENAME, "missing"),) if manifest is None else ()
+        missing = Report(problems=(*unsealed, Problem(signing.SIGNATURE_FILENAME, "missing")))
         what = "no" if isinstance(exc, FileNotFoundError) else "no readable"
         why = "" if isinstance(exc, FileNotFoundError) else f" ({printable(str(exc))})"
+        nor = f" (nor sealed: no {MANIFEST_FILENAME})" if unsealed else ""
         raise SignatureError(
-            f"{what} {signing.SIGNATURE_FILENAME}{why}: the checkpoint is not signed", missing, location
+            f"{what} {signing.SIGNATURE_FILENAME}{why}: the checkpoint is not signed{nor}", missing, location
         ) from exc
     signed = signing.open_bundle(data, public_key, location=location)
     if expected_name is not None:

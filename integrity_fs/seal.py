@@ -186,11 +186,12 @@ def finish_seal(
 
 
 def refuse_if_sealed(fs: fsspec.AbstractFileSystem, root: str) -> None:
-    """``FileExistsError`` when ``root`` already holds a manifest."""
+    """``FileExistsError`` when ``root`` already holds a manifest (the remedy, ``overwrite=True`` or
+    ``--force``, is the caller's to name)."""
     if storage.exists(fs, storage.join(root, MANIFEST_FILENAME)):
         raise FileExistsError(
-            f"{storage.describe(fs, root)} is already sealed (it holds {MANIFEST_FILENAME}); sealing again would "
-            "accept whatever the files hold now: pass overwrite=True / --force to replace the manifest"
+            f"{storage.describe(fs, root)} is already sealed (it holds {MANIFEST_FILENAME}): sealing again would "
+            "accept whatever the files hold now, damage included"
         )
 
 

@@ -56,9 +56,17 @@ class Result:
     stderr: str
 
 
-def cli(*args: str, traceback: bool = False) -> Result:
-    """``integrity-fs ARGS`` in this process: ``main(argv)`` with stdout and stderr captured (not a terminal)."""
-    out, err = io.StringIO(), io.StringIO()
+class Terminal(io.StringIO):
+    """Captured text that says it is a terminal: the CLI draws its progress bars there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def cli(*args: str, traceback: bool = False, terminal: bool = False) -> Result:
+    """``integrity-fs ARGS`` in this process: ``main(argv)`` with stdout and stderr captured (not a
+    terminal; ``terminal``: stderr says it is one, so progress bars are drawn on it)."""
+    out, err = io.StringIO(), Terminal() if terminal else io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(list(args))
@@ -67,6 +75,18 @@ def cli(*args: str, traceback: bool = False) -> Result:
     result = Result(code, out.getvalue(), err.getvalue())
     assert ("Traceback" in result.stderr) == traceback, result.stderr
     return result
+
+
+def screen_lines(text: str) -> list[str]:
+    """The lines a terminal shows for ``text``: each ``\r`` returns to the line's start, and what
+    follows overwrites what was there."""
+    lines = []
+    for raw in text.split("\n"):
+        shown = ""
+        for part in raw.split("\r"):
+            shown = part + shown[len(part) :]
+        lines.append(shown)
+    return lines
 
 
 def flip(path: Path, offset: int) -> None:

@@ -192,6 +192,49 @@ def test_latest_verified_none_and_a_root_not_there_yet(store: Backend, caplog: p
         ifs.latest_verified(_url(store, "file"), storage_options=store.storage_options)
 
 
+def test_without_logging_configured_the_skips_name_their_level_and_logger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A training script that configured no logging (no handler anywhere): the WARNING records of
+    ``latest_verified`` print as ``integrity_fs: WARNING: …``, not as bare ``skipping …`` lines;
+    once the application has a handler of its own, only that one prints them."""
+    for name in ("step_1", "step_2"):
+        (tmp_path / "run" / name).mkdir(parents=True)
+        (tmp_path / "run" / name / "w.bin").write_bytes(b"w")
+    ifs.seal(tmp_path / "run" / "step_1")
+    root = logging.getLogger()
+    configured = root.handlers[:]  # pytest's own: a plain script has none
+    for handler in configured:
+        root.removeHandler(handler)
+    try:
+        capsys.readouterr()
+        assert ifs.latest_verified(tmp_path / "run") is not None
+        assert ifs.latest_verified(tmp_path / "never") is None
+        printed = capsys.readouterr().err.splitlines()
+        mine = logging.StreamHandler(sys.stdout)  # the application configures logging: it takes over
+        root.addHandler(mine)
+        try:
+            assert ifs.latest_verified(tmp_path / "never") is None
+        finally:
+            root.removeHandler(mine)
+        again = capsys.readouterr()
+    finally:
+        for handler in configured:
+            root.addHandler(handler)
+    assert printed == [
+        f"integrity_fs: WARNING: skipping {tmp_path / 'run' / 'step_2'} (unsealed): "
+        f"no {MANIFEST_FILENAME} at {tmp_path / 'run' / 'step_2'}: the checkpoint was never sealed",
+        f"integrity_fs: WARNING: no checkpoints under {tmp_path / 'never'}: no directory at {tmp_path / 'never'}",
+    ]
+    assert (
+        again.err == ""
+        and again.out == f"no checkpoints under {tmp_path / 'never'}: no directory at {tmp_path / 'never'}\n"
+    )
+    caplog.set_level(logging.WARNING, logger="integrity_fs")
+    ifs.latest_verified(tmp_path / "never")
+    assert [(r.name, r.levelname) for r in caplog.records] == [("integrity_fs", "WARNING")]
+
+
 class FaultyFS(MemoryFileSystem):
     """A memory filesystem where reading the manifest, or the content, of one checkpoint fails."""
 
@@ -507,7 +550,9 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dic
         "s3": {"url": f"s3://integrity-test/latest-{uuid.uuid4().hex}", "options": options},
     }
     results = run_ranks("dist_latest_worker.py", 2, {"targets": targets}, work, timeout=240)
-    return {key: results[key] for name in targets for key in (name, f"{name}-prune")}
+    # What each rank printed (its stdout and stderr): the worker configures no logging, as a plain script.
+    printed = [{"log": (work / "out-2" / f"rank{rank}.log").read_text()} for rank in range(2)]
+    return {"printed": printed, **{key: results[key] for name in targets for key in (name, f"{name}-prune")}}
 
 
 def _one(per_rank: list[dict[str, Any]], key: str, *, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -556,6 +601,17 @@ def test_two_ranks_agree_on_none_and_on_errors(two_ranks: Any, target: str) -> N
     assert all("rank 1: 0 checkpoints" in u["message"] and u["untouched"] for u in unseen)
     bad = _one(per_rank, "bad_mode")  # the messages of distributed.seal and verify
     assert bad == {"type": "ValueError", "message": "mode must be one of 'sharded', 'rank0', not 'bogus' (rank 1)"}
+
+
+def test_a_root_not_there_yet_is_logged_once_a_job_with_its_level_and_logger(two_ranks: Any) -> None:
+    """``latest_verified`` of a run that never saved, on 2 ranks that configured no logging: one
+    ``integrity_fs: WARNING: no checkpoints under …`` line per call for the whole job (rank 0's),
+    not one bare line per rank."""
+    rank0, rank1 = (rank["log"].splitlines() for rank in two_ranks["printed"])
+    lines = [line for line in rank0 + rank1 if "no checkpoints under" in line]
+    assert len(lines) == 2 and lines == [line for line in rank0 if "no checkpoints under" in line], lines
+    assert all(line.startswith("integrity_fs: WARNING: no checkpoints under ") for line in lines), lines
+    assert lines[0].split()[5].endswith("/run-never:") and lines[1].split()[5].startswith("s3://"), lines
 
 
 @pytest.mark.parametrize("target", ["local", "s3"])

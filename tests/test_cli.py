@@ -101,7 +101,7 @@ def test_top_level_help_lists_commands_and_exit_codes() -> None:
     proc = cli("--help")
     assert proc.returncode == 0
     assert all(command in proc.stdout for command in COMMANDS)
-    assert "4  storage or I/O error" in proc.stdout
+    assert "4  storage or I/O error" in proc.stdout and "130  interrupted" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -184,6 +184,7 @@ def test_seal_refuses_a_sealed_checkpoint_unless_forced(sealed: Path) -> None:
     proc = cli("seal", str(sealed))
     assert proc.returncode == 2, proc.stderr
     assert "already sealed" in error_lines(proc)[0] and str(sealed) in error_lines(proc)[0]
+    assert "overwrite=True" not in proc.stderr  # the Python keyword: the command line's is --force
     assert "integrity-fs: hint: pass --force to replace the manifest (only for content you trust)" in proc.stderr
     assert (sealed / MANIFEST_FILENAME).read_bytes() == before
     assert cli("verify", str(sealed)).returncode == 1  # the damage was not laundered
@@ -250,7 +251,14 @@ def test_unsupported_algorithm_in_manifest_exits_3(sealed: Path) -> None:
     (sealed / MANIFEST_FILENAME).write_text(json.dumps(manifest))
     proc = cli("verify", str(sealed))
     assert proc.returncode == 3
-    assert "md5" in error_lines(proc)[0]
+    what, hint = stderr_pair(proc)
+    assert "md5" in what
+    # Not `pip install -U integrity-fs` (not on PyPI; a no-op in a checkout): what this one reads, how to update it.
+    assert "-U" not in hint and "blake3, sha256" in hint and "file, chunk" in hint and "git pull" in hint, hint
+    manifest.update(algorithm="sha256", granularity="shard")
+    (sealed / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    proc = cli("verify", str(sealed))
+    assert proc.returncode == 3 and "shard" in stderr_pair(proc)[0] and "git pull" in stderr_pair(proc)[1]
 
 
 def test_quick_compares_sizes_without_reading(sealed: Path) -> None:
@@ -327,7 +335,8 @@ def test_seal_and_upload_with_blake3(ckpt: Path, tmp_path: Path) -> None:
 def test_seal_with_blake3_missing_says_what_to_install(ckpt: Path) -> None:
     proc = cli_process("seal", str(ckpt), "--algorithm", "blake3", code="import sys; sys.modules['blake3'] = None")
     assert proc.returncode == 3, proc.stderr
-    assert "pip install 'integrity-fs[blake3]'" in stderr_pair(proc)[1]
+    assert proc.stderr.count("pip install 'integrity-fs[blake3]'") == 1, proc.stderr  # said once, not twice
+    assert "install the package" in stderr_pair(proc)[1]
     assert not (ckpt / MANIFEST_FILENAME).exists()
 
 
@@ -353,6 +362,27 @@ def test_s3_missing_manifest_exits_3(s3: tuple[Backend, list[str]]) -> None:
     proc = cli("verify", backend.url, *options)
     assert proc.returncode == 3
     assert backend.url in error_lines(proc)[0]
+
+
+def test_s3_refusals_name_what_was_refused(s3: tuple[Backend, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 refuses an anonymous read of a private object (s3fs says only "Forbidden"), and a client
+    finds no credentials: each error line names the object it could not read, as an s3:// URL."""
+    backend, options = s3
+    assert cli("seal", backend.url, *options).returncode == 0
+    manifest = f"{backend.url}/{MANIFEST_FILENAME}"
+    anonymous = cli("verify", backend.url, "-o", "anon=true", *options)
+    assert anonymous.returncode == 4
+    what, hint = stderr_pair(anonymous)
+    assert what == f"integrity-fs: error: storage error while reading {manifest}: Forbidden", what
+    assert "credentials" in hint
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    nobody = cli("verify", backend.url, "-o", "skip_instance_cache=true", *options)  # a client made afresh
+    assert nobody.returncode == 4
+    assert f"storage error while reading {manifest}: NoCredentialsError" in stderr_pair(nobody)[0]
 
 
 def test_unreachable_endpoint_is_a_storage_error() -> None:
@@ -448,8 +478,6 @@ def test_export_writes_other_formats_that_verify_reads_back(sealed: Path) -> Non
     sums = cli("export", str(sealed), "--format", "sha256sum")
     assert sums.returncode == 0, sums.stderr
     assert sums.stdout.splitlines() == [f"{sha256(FILES[name])}  {name}" for name in sorted(FILES)]
-    megatron = cli("export", str(sealed), "--format", "megatron")
-    assert json.loads(megatron.stdout) == {"algorithm": "sha256", "files": manifest_of(sealed)["files"]}
 
     (sealed / "SHA256SUMS").write_text(sums.stdout)
     (sealed / MANIFEST_FILENAME).unlink()
@@ -474,7 +502,23 @@ def test_export_refuses_what_the_format_cannot_hold(ckpt: Path) -> None:
     assert chunked.returncode == 2 and chunked.stdout == ""
     error, hint = stderr_pair(chunked)
     assert "chunk granularity" in error and "whole-file SHA-256" in hint
-    assert cli("export", str(ckpt), "--format", "md5sum").returncode == 2
+    unknown = cli("export", str(ckpt), "--format", "md5sum")
+    assert unknown.returncode == 2 and "md5sum" in stderr_pair(unknown)[0]
+    assert stderr_pair(unknown)[1] == "integrity-fs: hint: see `integrity-fs export --help`"  # the command's own help
+    # Megatron's integrity.json holds the top-level files only (docs/formats.md): sub/meta.json cannot be in it.
+    assert cli("seal", str(ckpt), "--force").returncode == 0
+    nested = cli("export", str(ckpt), "--format", "megatron")
+    assert nested.returncode == 2 and nested.stdout == ""
+    error, hint = stderr_pair(nested)
+    assert "top-level files" in error and "sub/meta.json" in error and "megatron top-level files only" in hint
+    (ckpt / "sub" / "meta.json").unlink()
+    (ckpt / "sub").rmdir()
+    assert cli("seal", str(ckpt), "--force").returncode == 0
+    flat = cli("export", str(ckpt), "--format", "megatron")
+    assert flat.returncode == 0 and json.loads(flat.stdout) == {
+        "algorithm": "sha256",
+        "files": manifest_of(ckpt)["files"],
+    }
 
 
 def test_exported_sha256sums_pass_coreutils(sealed: Path) -> None:

@@ -19,6 +19,7 @@ from cli_run import (
     manifest_of,
     rewrite_while_read,
     run_on_terminal,
+    screen_lines,
     stderr_pair,
     write_large,
 )
@@ -141,6 +142,9 @@ def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: WARNING: skipping")]
     assert [w.split()[3] for w in warnings] == [str(run / f"step_{n}") for n in (4, 3, 2)]
     assert "(unsealed)" in warnings[0] and "(damaged)" in warnings[1] and "model.bin" in warnings[1]
+    assert not re.search("[0-9a-f]{64}", warnings[1]) and re.search(
+        r"expected [0-9a-f]{8}…[0-9a-f]{8}, found", warnings[1]
+    )
     assert not error_lines(proc)
     quick = cli("latest", str(run), "--quick")
     assert quick.returncode == 0 and quick.stdout == f"{run / 'step_3'}\n"  # names and sizes only
@@ -154,17 +158,54 @@ def test_latest_prints_the_newest_checkpoint_that_verifies(run: Path) -> None:
     assert "(invalid manifest)" in none.stderr
 
 
+def test_latest_json_gives_the_url_and_the_checkpoints_skipped_with_why(run: Path) -> None:
+    proc = cli("latest", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["url"] == str(run / "step_1") and found["ok"] and found["root"] == str(run) and not found["quick"]
+    skipped = found["skipped"]
+    assert [(s["url"], s["reason"]) for s in skipped] == [
+        (str(run / "step_4"), "unsealed"),
+        (str(run / "step_3"), "damaged"),
+        (str(run / "step_2"), "damaged"),
+    ]
+    assert "model.bin: mismatch" in skipped[1]["error"] and "optim.bin: size" in skipped[2]["error"]
+    assert proc.stderr.count("WARNING: skipping") == 3  # the lines for a person stay on stderr
+
+    flip(run / "step_1" / "model.bin", 0)
+    none = cli("latest", str(run), "--json")
+    assert none.returncode == 1
+    failed = json.loads(none.stdout)  # one object: the failure, and every checkpoint skipped
+    assert failed["url"] is None and not failed["ok"] and failed["exit_code"] == 1
+    assert failed["error"] == f"no checkpoint under {run} verifies"
+    assert [s["reason"] for s in failed["skipped"]] == ["unsealed", "damaged", "damaged", "damaged", "invalid manifest"]
+    assert none.stderr.splitlines()[-2] == f"integrity-fs: error: no checkpoint under {run} verifies"
+
+
 def test_latest_of_a_root_that_is_not_there_is_a_path_problem(run: Path) -> None:
     """A mistyped ROOT is exit 4 with a path hint, told apart from "none verifies" (exit 1)."""
     typo = cli("latest", str(run) + "x")
     assert typo.returncode == 4 and typo.stdout == ""
     what, hint = stderr_pair(typo)
     assert str(run) + "x" in what and "check the path" in hint and "create ROOT first" in hint
+    assert "ROOT must be the run's directory (the one that holds its checkpoints), and it must exist" in hint, hint
     assert "WARNING" not in typo.stderr
     for step in range(5):
         shutil.rmtree(run / f"step_{step}")
     empty = cli("latest", str(run))
     assert empty.returncode == 1 and "holds no checkpoint directory" in stderr_pair(empty)[0]
+
+
+def test_warning_lines_are_written_through_the_progress_bar(run: Path) -> None:
+    """A WARNING while a bar is drawn clears the bar first and starts its own line (the bar is
+    drawn again below it): never ``latest:  89%|…]integrity-fs: WARNING: skipping …`` on one line."""
+    pytest.importorskip("tqdm")
+    proc = cli("latest", str(run), terminal=True)  # the bar forced on, in this process
+    assert proc.returncode == 0 and proc.stdout == f"{run / 'step_1'}\n"
+    assert "latest: " in proc.stderr and "%|" in proc.stderr  # a bar was drawn
+    warnings = [line for line in screen_lines(proc.stderr) if "WARNING" in line]
+    assert len(warnings) == 3, proc.stderr  # step_4 unsealed, step_3 damaged, step_2 truncated
+    assert all(line.startswith("integrity-fs: WARNING: skipping ") for line in warnings), warnings
 
 
 def test_latest_shows_a_progress_bar_while_it_hashes(run: Path) -> None:

@@ -87,3 +87,19 @@ def test_signed_upload_to_s3_verifies_with_the_public_key(ckpt: Path, s3: tuple[
     assert "every file attested" in ok.stdout and "signature checked" in ok.stdout
     latest = cli("latest", backend.url, "--public-key", str(keys.public), *options)
     assert latest.returncode == 0 and latest.stdout.strip() == target
+
+
+def test_latest_with_a_key_calls_a_checkpoint_that_was_never_sealed_unsealed(ckpt: Path, tmp_path: Path) -> None:
+    """A save that died before sealing has neither a manifest nor a signature: it is skipped as
+    unsealed, not as a bad signature."""
+    keys = make_keys(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    ckpt.rename(run / "step_1000")
+    assert cli("seal", str(run / "step_1000"), "--sign-key", str(keys.private)).returncode == 0
+    (run / "step_3000").mkdir()
+    (run / "step_3000" / "model.bin").write_bytes(b"half written")
+    proc = cli("latest", str(run), "--public-key", str(keys.public))
+    assert proc.returncode == 0 and proc.stdout == f"{run / 'step_1000'}\n", proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING: skipping" in line]
+    assert len(warnings) == 1 and f"{run / 'step_3000'} (unsealed)" in warnings[0], proc.stderr

@@ -114,6 +114,15 @@ def test_upload_then_verify(ckpt: Path, s3_backend: Backend, s3_endpoint: str) -
     assert again.returncode == 2 and "already holds a sealed checkpoint" in error_lines(again)[0]
 
 
+def test_upload_to_a_bucket_that_does_not_exist_says_only_that(ckpt: Path, s3_endpoint: str) -> None:
+    """Nothing was written, so nothing is left to delete: no WARNING about files it could not delete."""
+    endpoint = f"client_kwargs.endpoint_url={s3_endpoint}"
+    proc = cli("upload", str(ckpt), "s3://no-such-bucket-here/run/step_1000", "-o", endpoint)
+    assert proc.returncode == 4 and proc.stdout == ""
+    assert "WARNING" not in proc.stderr, proc.stderr
+    assert len(error_lines(proc)) == 1 and "bucket does not exist" in error_lines(proc)[0], proc.stderr
+
+
 @pytest.mark.parametrize("granularity", [["--granularity", "file"], ["--chunk-size", "64K"]])
 def test_upload_to_local_url_gives_the_same_manifest_as_seal(
     ckpt: Path, tmp_path: Path, granularity: list[str]
@@ -138,3 +147,64 @@ def test_copy_between_urls(sealed: Path, s3: tuple[Backend, list[str]], tmp_path
     assert proc.returncode == 0, proc.stderr
     assert "copied and verified" in proc.stdout
     assert cli("verify", str(tmp_path / "copied"), "--strict").returncode == 0
+
+
+# --- the destination: links, and --force ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["copy", "upload", "download"])
+def test_a_link_at_the_destination_is_refused_and_nothing_outside_changes(
+    sealed: Path, tmp_path: Path, command: str
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "victim.bin").write_bytes(b"not the transfer's")
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "model.bin").symlink_to(outside / "victim.bin")
+    (dst / "sub").symlink_to(outside / "dir", target_is_directory=True)
+    proc = cli(command, str(sealed), str(dst))
+    assert proc.returncode == 2
+    assert ("not an empty directory" if command == "download" else str(dst / "model.bin")) in error_lines(proc)[0]
+    assert (outside / "victim.bin").read_bytes() == b"not the transfer's"
+    assert sorted(p.name for p in outside.rglob("*")) == ["dir", "victim.bin"]
+    assert sorted(os.listdir(dst)) == ["model.bin", "sub"] and (dst / "sub").is_symlink()
+
+
+def test_failed_copy_force_leaves_the_old_checkpoint_verifying(
+    sealed: Path, s3: tuple[Backend, list[str]], tmp_path: Path
+) -> None:
+    backend, options = s3
+    assert cli("seal", backend.url, *options).returncode == 0
+    old = {name: backend.read(name) for name in backend.listdir()}
+    (sealed / "sub" / "meta.json").write_bytes(b'{"step": 9999}\n')  # damaged: found once the rest was sent
+    proc = cli("copy", str(sealed), backend.url, "--force", "--workers", "1", *options)
+    assert proc.returncode == 1 and "sub/meta.json" in error_lines(proc)[0]
+    assert {name: backend.read(name) for name in backend.listdir()} == old
+    assert cli("verify", backend.url, "--strict", *options).returncode == 0
+
+
+def test_failed_upload_force_leaves_the_old_checkpoint_verifying(sealed: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    assert cli("upload", str(sealed), str(dst)).returncode == 0
+    old = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    (sealed / "sub" / "meta.json").write_bytes(b'{"step": 9999}\n')  # damaged: found once the rest was sent
+    proc = cli("upload", str(sealed), str(dst), "--force", "--workers", "1")
+    assert proc.returncode == 1 and "sub/meta.json" in error_lines(proc)[0]
+    assert {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()} == old
+    assert cli("verify", str(dst), "--strict").returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["dst", "step_1000"]  # no staging folder left beside it
+
+
+def test_upload_force_leaves_exactly_the_new_checkpoint(ckpt: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    (ckpt / "old-only.bin").write_bytes(b"only in the old checkpoint")
+    assert cli("upload", str(ckpt), str(dst)).returncode == 0
+    (ckpt / "old-only.bin").unlink()
+    (ckpt / "model.bin").write_bytes(b"new weights")
+    assert cli("upload", str(ckpt), str(dst)).returncode == 2
+    assert cli("upload", str(ckpt), str(dst), "--force").returncode == 0
+    assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file()) == sorted([*FILES, MANIFEST_FILENAME])
+    assert (dst / "model.bin").read_bytes() == b"new weights"
+    assert cli("verify", str(dst), "--strict").returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["dst", "step_1000"]  # no staging folder left beside it

@@ -122,6 +122,24 @@ def test_save_over_a_saved_checkpoint_replaces_its_manifest(tmp_path: Path) -> N
     assert target["step"] == 43
 
 
+@pytest.mark.filterwarnings("ignore:Detected an existing checkpoint:UserWarning")  # the planted .metadata
+def test_save_never_writes_through_a_link_in_the_checkpoint_folder(tmp_path: Path) -> None:
+    """Links planted where DCP writes (its data file; .metadata, to a folder outside) are replaced
+    by the files saved, their targets untouched; the checkpoint verifies."""
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "victim.bin").write_bytes(b"not the save's to write")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "__0_0.distcp").symlink_to(outside / "victim.bin")
+    (ckpt / ".metadata").symlink_to(outside / "dir", target_is_directory=True)
+    dcp.save(_state(), ckpt)
+    assert (outside / "victim.bin").read_bytes() == b"not the save's to write"
+    assert list((outside / "dir").iterdir()) == []
+    assert not any(p.is_symlink() for p in ckpt.iterdir())
+    assert ifs.verify(ckpt, strict=True).files_checked == 2
+
+
 @pytest.mark.parametrize("chunk_size", [None, 777, 4096])
 @pytest.mark.parametrize("seed", range(4))
 def test_hashing_stream_digests_any_write_pattern(

@@ -22,8 +22,7 @@ from conftest import BUCKET, Backend  # noqa: E402
 from read_counting import CountingS3Server  # noqa: E402
 
 import integrity_fs as ifs  # noqa: E402
-from integrity_fs import FileChangedError, IntegrityError, dcp  # noqa: E402
-from integrity_fs import PartialLoadError  # noqa: E402
+from integrity_fs import FileChangedError, IntegrityError, PartialLoadError, dcp  # noqa: E402
 
 CHUNK = 256 * 1024
 

@@ -310,6 +310,15 @@ def test_megatron_integrity_json(tmp_path: Path) -> None:
     _must_fail(root, "a.bin", manifest="integrity.json")
 
 
+def test_megatron_holds_top_level_files_only() -> None:
+    """Megatron lists and checks the files directly in the checkpoint's directory: a manifest with
+    files in subdirectories cannot be written as its integrity.json."""
+    nested = Manifest(files={"a.bin": _sha(b"a"), "optim/shards/blob.bin": _sha(b"b")})
+    with pytest.raises(ValueError, match=r"top-level files .*optim/shards/blob\.bin"):
+        formats.dump(nested, "megatron")
+    assert formats.dump(nested, "sha256sum").count(b"\n") == 2  # sha256sum lists every file
+
+
 def test_a_foreign_manifest_may_list_ours(tmp_path: Path) -> None:
     """Megatron (or sha256sum *) run on a sealed directory lists _integrity_manifest.json: left out."""
     root = _tree(tmp_path / "ckpt")
@@ -349,7 +358,8 @@ def test_a_foreign_manifest_made_over_a_signed_checkpoint_verifies(tmp_path: Pat
 def test_explicit_formats_are_checked(tmp_path: Path) -> None:
     root = _tree(tmp_path / "ckpt")
     ours = ifs.seal(root).to_json()
-    megatron = formats.dump(Manifest.from_json(ours), "megatron")
+    top_level = {name: digest for name, digest in Manifest.from_json(ours).files.items() if "/" not in name}
+    megatron = formats.dump(Manifest(files=top_level), "megatron")  # Megatron lists top-level files only
     sums = formats.dump(Manifest.from_json(ours), "sha256sum")
     assert formats.detect(ours) == "integrity_fs" and formats.load(ours) == Manifest.from_json(ours)
     for data, wrong in [(ours, "megatron"), (megatron, "integrity_fs"), (sums, "megatron"), (megatron, "sha256sum"),
@@ -371,7 +381,8 @@ def test_dump_round_trips_and_sha256sum_checks_it(tmp_path: Path) -> None:
     assert b"\\" in sums  # the newline name is GNU-escaped
     plain = Manifest(files=manifest.files)
     assert formats.load(sums) == plain
-    assert formats.load(formats.dump(manifest, "megatron")) == plain
+    top_level = Manifest(files={name: digest for name, digest in manifest.files.items() if "/" not in name})
+    assert formats.load(formats.dump(top_level, "megatron")) == top_level  # Megatron lists top-level files only
     (tmp_path / "SUMS").write_bytes(sums)
     checked = subprocess.run(["sha256sum", "-c", "--strict", str(tmp_path / "SUMS")], cwd=root, capture_output=True)
     assert checked.returncode == 0, checked.stderr

@@ -143,6 +143,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict
     commands = {
         "verify": {"argv": ["verify", str(run / "step_2"), "--json"]},
         "latest": {"argv": ["latest", str(damaged)]},
+        "latest-json": {"argv": ["latest", str(damaged), "--json"]},
         "verify-rank0": {"argv": ["verify", str(damaged / "step_2"), "--mode", "rank0"]},
         "bad-argument": {"argv": ["verify", str(root / "unsealed" / "ckpt")], "bad_arg_rank": 1},
         "s3-verify": {"argv": ["verify", s3_url, *o]},
@@ -182,6 +183,10 @@ def test_seal_verify_and_latest_under_torchrun_split_the_bytes_and_print_once(la
     assert [r["code"] for r in latest.ranks] == [1, 1], latest.stdout + latest.stderr
     assert latest.stderr.count("skipping") == 2, latest.stderr  # step_2 damaged, step_1 unsealed: once each
     assert latest.stderr.count("integrity-fs: error: no checkpoint under") == 1
+    as_json: Outcome = launched["latest-json"]  # rank 0's one object, with what was skipped and why
+    assert [r["code"] for r in as_json.ranks] == [1, 1], as_json.stdout + as_json.stderr
+    found = json.loads(as_json.stdout)
+    assert found["url"] is None and [s["reason"] for s in found["skipped"]] == ["damaged", "unsealed"], found
 
     rank0: Outcome = launched["verify-rank0"]
     assert [r["code"] for r in rank0.ranks] == [1, 1] and rank0.stdout.count("FAILED") == 1, rank0.stdout

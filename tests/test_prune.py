@@ -57,8 +57,12 @@ def _folders(store: Backend) -> set[str]:
 
 
 def _held(store: Backend, *names: str) -> int:
-    """The bytes of every file of the checkpoints ``names`` (manifest and sidecar included)."""
-    return sum(len(store.read(f)) for f in store.listdir() if f.split("/", 1)[0] in names)
+    """The bytes of every file of the checkpoints ``names`` (manifest and sidecar included), as listed
+    (s3fs before 2025 lists a folder marker ``a/`` as a file ``a``, which cannot be read)."""
+    store.fs.invalidate_cache()
+    listed = store.fs.find(store.root, detail=True)
+    prefix = store.root + "/"
+    return sum(int(info["size"]) for path, info in listed.items() if path[len(prefix) :].split("/", 1)[0] in names)
 
 
 def _prune(store: Backend, **kw: Any) -> ifs.PruneResult:
@@ -300,11 +304,14 @@ def test_with_a_public_key_only_signed_checkpoints_verify(tmp_path: Path) -> Non
         (root / f"step_{n}").mkdir(parents=True)
         (root / f"step_{n}" / "model.bin").write_bytes(os.urandom(1000))
         ifs.seal(root / f"step_{n}", private_key=other.private if n == 4 else keys.private)
+    (root / "step_0").mkdir()  # never sealed (nor signed): unsealed, left without unsealed=True
+    (root / "step_0" / "model.bin").write_bytes(b"half written")
     result = ifs.prune(root, keep_last=2, public_key=keys.public)
     assert result.verdicts[str(root / "step_4")] == "damaged"  # signed by another key
+    assert result.verdicts[str(root / "step_0")] == "unsealed"
     assert result.kept == (str(root / "step_3"), str(root / "step_2"))
-    assert result.deleted == (str(root / "step_1"),)
-    assert not (root / "step_1").exists()
+    assert result.deleted == (str(root / "step_1"),) and result.left == (str(root / "step_4"), str(root / "step_0"))
+    assert not (root / "step_1").exists() and (root / "step_0").exists()
 
 
 # --- storage errors ----------------------------------------------------------------------------------

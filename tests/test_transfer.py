@@ -414,21 +414,6 @@ def test_upload_and_copy_refuse_a_sealed_destination_unless_overwrite(src: Path,
     ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options)
 
 
-def test_failed_overwrite_leaves_the_destination_unsealed(src: Path, s3_backend: Backend) -> None:
-    """The old manifest goes first; the files the failed upload wrote (over old ones of the same
-    names too) are deleted; the old files it never touched stay."""
-    (src / "old-only.bin").write_bytes(b"only in the old checkpoint")
-    uploaded(src, s3_backend)
-    (src / "old-only.bin").unlink()
-    ifs.seal(src)
-    (src / "optim.bin").write_bytes(b"X" + FILES["optim.bin"][1:])
-    with pytest.raises(IntegrityError):
-        uploaded(src, s3_backend, overwrite=True, max_workers=1)
-    with pytest.raises(ManifestNotFoundError):  # never the old manifest over a mix of old and new files
-        ifs.verify(s3_backend.url, storage_options=s3_backend.storage_options)
-    assert s3_backend.listdir() == ["old-only.bin"]
-
-
 @pytest.mark.parametrize("kind", ["non-empty dir", "file", "symlink to empty dir", "dangling symlink"])
 def test_download_refuses_an_occupied_dest_and_leaves_it_alone(src: Path, tmp_path: Path, kind: str) -> None:
     ifs.seal(src)
@@ -717,7 +702,8 @@ def test_signed_upload_verifies_with_the_public_key(src: Path, s3_backend: Backe
 def test_the_transfer_contract_end_to_end(src: Path, s3_backend: Backend, tmp_path: Path) -> None:
     """SPEC "Transfer": callbacks count file content only (not the manifest, not model.sig), over
     all three; upload of a sealed source carries its model.sig unchanged; upload(overwrite=True)
-    removes the old manifest and model.sig before it sends a byte."""
+    leaves the old checkpoint sealed, signature included, while it sends the new one, and then
+    leaves exactly the new one."""
     pytest.importorskip("cryptography")
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -750,8 +736,8 @@ def test_the_transfer_contract_end_to_end(src: Path, s3_backend: Backend, tmp_pa
     (src / MANIFEST_FILENAME).unlink()
     (src / ifs.SIGNATURE_FILENAME).unlink()
     uploaded(src, s3_backend, overwrite=True, callback=Look())
-    assert all(MANIFEST_FILENAME not in names and ifs.SIGNATURE_FILENAME not in names for names in at_start)
-    assert len(at_start) == 2 and set(at_start[0]) == set(FILES)  # the old files are still there, unsealed
+    old = sorted([*FILES, MANIFEST_FILENAME, ifs.SIGNATURE_FILENAME])
+    assert at_start == [old, old]  # the new files go to a staging folder beside it
     assert sorted(s3_backend.listdir()) == sorted([*FILES, MANIFEST_FILENAME])
 
 

@@ -327,6 +327,7 @@ def latest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="skip checkpoints with files not in their manifest")
     add_public_key(parser, "checkpoints without such a signature, or signed as another, are skipped")
+    add_json(parser, "the URL and the checkpoints skipped, with why")
     add_mode(parser)
 
 

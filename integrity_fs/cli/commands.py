@@ -47,6 +47,7 @@ from .errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedErr
 from .output import (
     cli_logging,
     failure,
+    print_latest,
     print_manifest,
     print_prune,
     print_status,
@@ -56,6 +57,7 @@ from .output import (
     progress,
     running,
     signed_note,
+    skipped_checkpoints,
     write_bytes,
 )
 
@@ -67,7 +69,7 @@ class _Parser(argparse.ArgumentParser):
     two stderr lines and, with ``--json``, a JSON object."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message, self.prog)  # this parser's command: `integrity-fs export`
 
 
 # --------------------------------------------------------------------------- commands
@@ -168,7 +170,8 @@ def cmd_latest(args: argparse.Namespace) -> int:
         return options, public_key_of(args.public_key)
 
     options, key = args.launch.agreed(prepare)
-    with running(args, "latest", bar=not args.quick) as run:  # only hashing takes long
+    # A bar unless --quick: only hashing takes long.
+    with running(args, "latest", bar=not args.quick) as run, skipped_checkpoints() as skipped:
         found = args.launch.latest_verified(
             args.root,
             mode=args.mode,
@@ -180,8 +183,14 @@ def cmd_latest(args: argparse.Namespace) -> int:
             callback=run.callback,
         )
     if found is None:
-        raise none_verified(args)
-    print(found[0])
+        error = none_verified(args)
+        if args.json:
+            print_latest(args.root, None, skipped, quick=args.quick, exit_code=EXIT_INTEGRITY, error=str(error))
+        raise error
+    if args.json:
+        print_latest(args.root, found[0], skipped, quick=args.quick)
+    else:
+        print(found[0])
     return EXIT_OK
 
 
@@ -377,7 +386,8 @@ COMMANDS: list[Command] = [
         "Reads the manifest (nothing else) and writes it as sha256sum text (what `sha256sum -c` reads),\n"
         "b3sum text (what `b3sum -c` reads, for a BLAKE3 manifest), Megatron-LM's integrity.json, or\n"
         "the seed's manifest (its four keys only, no sizes). Each holds whole-file digests: a chunk\n"
-        "manifest, or another algorithm, is refused (exit 2).\n\n"
+        "manifest, or another algorithm, is refused (exit 2); so are files in subdirectories for\n"
+        "megatron, which lists top-level files only.\n\n"
         + _examples(
             "export ./step_1000 --format sha256sum > SHA256SUMS",
             "export s3://bucket/run/iter_0001000 --format megatron > integrity.json",
@@ -489,6 +499,7 @@ exit codes:
   2  usage error: bad arguments or -o options; a refusal to replace existing data
   3  manifest missing or invalid (or an unsupported algorithm or granularity)
   4  storage or I/O error: no such checkpoint, network, credentials, permission, disk full
+  130  interrupted (Ctrl-C)
 """
 )
 

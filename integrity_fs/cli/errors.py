@@ -11,7 +11,9 @@ import errno
 import sys
 import traceback
 
+from .. import __version__
 from ..errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
+from ..hashing import ALGORITHMS, GRANULARITIES
 from ..report import printable
 from ..text import name_problems
 from .output import print_json
@@ -69,7 +71,12 @@ class AgreedError(Exception):
 
 
 class UsageError(Exception):
-    """The command line asks for something impossible; exit code 2."""
+    """The command line asks for something impossible; exit code 2. ``prog``: the command whose
+    arguments were wrong (``integrity-fs export``), when argparse knew it."""
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
 
 
 class KeyFileError(ValueError):
@@ -168,11 +175,15 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
     if isinstance(error, ManifestError):
         return str(error), "the manifest is damaged or not an integrity-fs manifest; restore it, or re-seal a good copy"
     if isinstance(error, NotImplementedError):
-        if "package" in str(error):  # an optional algorithm (blake3) that is not installed
-            return str(error), _install_hint(ImportError(str(error)))
-        return str(error), "this manifest needs a newer integrity-fs: pip install -U integrity-fs"
+        if "package" in str(error):  # blake3 not installed: the error line names what to install
+            return str(error), "install the package as the error line says, then run the command again"
+        return str(error), (
+            f"integrity-fs {__version__} reads the algorithms {', '.join(sorted(ALGORITHMS))} and the granularities "
+            f"{', '.join(GRANULARITIES)}: this manifest was written by another tool or a later integrity-fs; verify "
+            "it with that, or update this one (in a source checkout: git pull, then pip install -e .)"
+        )
     if isinstance(error, UsageError):
-        return str(error), f"see `{PROG} {command} --help`" if args else f"see `{PROG} --help`"
+        return str(error), f"see `{error.prog or (f'{PROG} {command}' if args else PROG)} --help`"
     if isinstance(error, ImportError):
         return str(error), _install_hint(error)
     if isinstance(error, FileExistsError):
@@ -183,8 +194,8 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
         return str(error), hints.get(command, "choose another destination, or pass --force to replace its manifest")
     if isinstance(error, ValueError) and command == "export":
         return str(error), (
-            "sha256sum, megatron and seed hold whole-file SHA-256 digests, b3sum whole-file BLAKE3 ones; "
-            f"`{PROG} show URL` says how this checkpoint was sealed"
+            "sha256sum, megatron and seed hold whole-file SHA-256 digests, b3sum whole-file BLAKE3 ones, and "
+            f"megatron top-level files only; `{PROG} show URL` says how this checkpoint was sealed"
         )
     if isinstance(error, (ValueError, TypeError)):
         return str(error), f"check the arguments and -o storage options; see `{PROG} {command} --help`"
@@ -196,12 +207,13 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
             return what, "the destination is on a read-only filesystem: choose another one"
         local = _is_local(error, args)
         if isinstance(error, (FileNotFoundError, NotADirectoryError)):
-            run = command in ("status", "latest", "prune")
-            wanted = "a run's directory, holding its checkpoints" if run else "a checkpoint directory"
+            where = "check the path" if local else "check the bucket and prefix in the URL"
+            if command not in ("status", "latest", "prune"):
+                return what, f"{where}: it must name {'an existing' if local else 'a'} checkpoint directory"
+            wanted = "ROOT must be the run's directory (the one that holds its checkpoints)"
+            there = ", and it must exist" if local else ""
             later = "; a run that has not saved yet has none: create ROOT first" if command == "latest" else ""
-            if local:
-                return what, f"check the path: it must name {wanted} that exists{later}"
-            return what, f"check the bucket and prefix in the URL: it must name {wanted}{later}"
+            return what, f"{where}: {wanted}{there}{later}"
         if local:
             return what, "check the path and its permissions; --debug shows the full error"
         return (
@@ -228,7 +240,11 @@ def report_error(error: BaseException, args: argparse.Namespace | None, *, as_js
     if debug:
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
     what, hint = describe_error(error, args)
-    if as_json and not (isinstance(error, IntegrityError) and getattr(args, "command", None) == "verify"):
+    # verify --json and latest --json print their own object, failure included
+    printed = isinstance(error, NoneVerifiedError) or (
+        isinstance(error, IntegrityError) and getattr(args, "command", None) == "verify"
+    )
+    if as_json and not printed:
         urls: list[str | None] = [*_urls(args), None]
         print_json({"url": urls[0], "ok": False, "exit_code": code, "error": what})
     print(f"{PROG}: error: {printable(what)}", file=sys.stderr)  # a message may quote names (and a backend's newlines)

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import sys
 import time
 import warnings
@@ -18,15 +19,16 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from ..checkpoints import BAD_SIGNATURE, CheckpointStatus, PruneResult
+from ..checkpoints import BAD_SIGNATURE, SKIPPED, CheckpointStatus, PruneResult
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
 from ..signing import SIGNATURE_FILENAME
-from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems
+from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems, short_digest
 
 __all__ = [
     "LARGEST_SHOWN",
+    "AboveTheBar",
     "OneLine",
     "Run",
     "attested_kinds",
@@ -34,6 +36,7 @@ __all__ = [
     "failure",
     "print_failure",
     "print_json",
+    "print_latest",
     "print_manifest",
     "print_prune",
     "print_status",
@@ -44,6 +47,7 @@ __all__ = [
     "progress_bar",
     "running",
     "signed_note",
+    "skipped_checkpoints",
     "status_verdict",
     "verify_notes",
     "write_bytes",
@@ -68,18 +72,25 @@ def write_bytes(data: bytes) -> None:
         out.flush()
 
 
+#: The bars on screen now (see :func:`progress_bar`): while there is one, log lines go through tqdm.
+_SHOWN: list[Callback] = []
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool, desc: str) -> Iterator[Callback]:
     """A tqdm bar on stderr (bytes, rate, ETA, in the binary units the summaries use); fsspec's
     no-op callback when disabled or without tqdm. Each ``set_size`` starts the bar afresh (``latest``
-    verifies one checkpoint after another)."""
+    verifies one checkpoint after another). While it is shown, :func:`cli_logging`'s lines are
+    written through tqdm, above it."""
     callback = _tqdm_callback(desc) if enabled else None
     if callback is None:  # decided outside any ``except``: the command's own errors chain nothing
         yield DEFAULT_CALLBACK
         return
+    _SHOWN.append(callback)
     try:
         yield callback
     finally:
+        _SHOWN.remove(callback)
         callback.close()
 
 
@@ -280,6 +291,32 @@ def print_status(root: str, found: Sequence[CheckpointStatus], *, as_json: bool,
         )
 
 
+def print_latest(root: str, url: str | None, skipped: Sequence[dict[str, str]], *, quick: bool, **failure: Any) -> None:
+    """``latest --json``: the URL found (``null`` when none verifies, with ``failure``'s
+    ``exit_code`` and ``error``) and the checkpoints skipped before it, newest first, with why."""
+    print_json({"root": root, "url": url, "ok": url is not None, "quick": quick, "skipped": list(skipped), **failure})
+
+
+@contextlib.contextmanager
+def skipped_checkpoints() -> Iterator[list[dict[str, str]]]:
+    """The checkpoints the library skips while the block runs (``url``, ``reason``, ``error``),
+    from its "skipping" records (:data:`integrity_fs.checkpoints.SKIPPED`)."""
+    found: list[dict[str, str]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            skipped = getattr(record, SKIPPED, None)
+            if skipped is not None:
+                found.append(skipped)
+
+    logger, handler = logging.getLogger("integrity_fs"), Collect(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+
+
 def print_prune(root: str, result: PruneResult, *, keep_last: int, as_json: bool) -> None:
     """One aligned line per checkpoint (name, verdict, what became of it), then what was freed;
     or one JSON object (:meth:`PruneResult.to_dict` and the root)."""
@@ -362,12 +399,35 @@ def print_manifest(url: str, manifest: Manifest, *, as_json: bool) -> None:
             print(f"  {format_bytes(size):>10}  {printable(name)}")
 
 
+class AboveTheBar(logging.StreamHandler):  # type: ignore[type-arg]  # StreamHandler is generic in typeshed only
+    """Each line on its own line of the terminal, while a progress bar is drawn too: written
+    through ``tqdm.write``, which clears the bar, writes the line and draws the bar again below it
+    (a plain write would land at the end of the bar's line)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _SHOWN:
+            super().emit(record)
+            return
+        try:
+            import tqdm  # a bar is shown, so tqdm is there
+
+            tqdm.tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+#: A digest a problem quotes (``expected 5e0a…, found 9b1c…``), to be shortened as FAILED lines do.
+_QUOTED_DIGEST = re.compile(r"\b(expected|found) ([0-9a-f]{17,})\b")
+
+
 class OneLine(logging.Formatter):
     """``integrity-fs: WARNING: …`` on one line: whatever a message quotes (a name, a backend's
-    error) is escaped, so no record can print a line of its own (a fake ``verified``)."""
+    error) is escaped, so no record can print a line of its own (a fake ``verified``). The digests
+    a problem quotes are shortened, as on FAILED lines (``--json`` keeps them whole)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        line = printable(super().formatMessage(record))
+        return _QUOTED_DIGEST.sub(lambda m: f"{m[1]} {short_digest(m[2])}", line)
 
 
 @contextlib.contextmanager
@@ -380,7 +440,7 @@ def cli_logging(prog: str, *, debug: bool) -> Iterator[None]:
     request it gives up on, google-auth warns about credentials) stays off stderr: the error's two
     lines say what failed, and ``--debug`` shows the rest."""
     logger = logging.getLogger("integrity_fs")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = AboveTheBar(sys.stderr)
     handler.setFormatter(OneLine(f"{prog}: %(levelname)s: %(message)s"))
     before = logger.propagate, logger.level
     logger.addHandler(handler)

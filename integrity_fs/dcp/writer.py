@@ -358,7 +358,7 @@ class _HashingFileSystem(_FsspecFileSystem):
         else:
             recording = storage.WriteRecording(self.fs)
             sinks = recording.sinks(os.fspath(path), None, checksummed=False) if recording else []
-            with super().create_stream(path, mode) as raw:
+            with self._new_file(path, mode) as raw:
                 stream = HashingStream(
                     _Teed(raw, sinks) if sinks else raw, self._algorithm, self._chunk_size, self.owners.owner_of
                 )
@@ -372,8 +372,22 @@ class _HashingFileSystem(_FsspecFileSystem):
         with self._lock:
             self._written[os.fspath(path)] = (size, digests, checksums)
 
+    @contextlib.contextmanager
+    def _new_file(self, path: URL, mode: str) -> Iterator[Any]:
+        """The stream of a file written whole. On a local disk a new file, created without
+        following a link at its path (a link planted there is replaced, its target untouched)."""
+        if not storage.is_local(self.fs):
+            with super().create_stream(path, mode) as raw:
+                yield raw
+            return
+        local = os.fspath(path)
+        with os.fdopen(storage.create_beneath(os.path.dirname(local), local), "wb") as raw:
+            yield raw
+
     def rename(self, path: URL, new_path: URL) -> None:
-        if self._checksums:
+        if storage.is_local(self.fs):  # the entry at new_path replaced, never a link or folder followed
+            os.replace(os.fspath(path), os.fspath(new_path))
+        elif self._checksums:
             # S3 has no rename but a copy (DCP renames .metadata.tmp): ask S3 for the copy's SHA-256,
             # so that a file written in one PUT stays attestable whatever the store's copy default.
             fs = self.fs

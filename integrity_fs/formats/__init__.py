@@ -20,6 +20,7 @@ from typing import Any
 from .. import signing
 from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest, parse_json
+from ..report import printable
 from .sums import SUM_FORMATS, dump_sums, is_sum_list, read_sums
 
 __all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
@@ -86,7 +87,8 @@ def dump(manifest: Manifest, format: str) -> bytes:
     ``algorithm``, ``files``, ``granularity`` and ``version``, for verifiers that check the key set).
 
     Each holds whole-file digests only, SHA-256 (BLAKE3 for ``b3sum``): another granularity or
-    algorithm is a ``ValueError``.
+    algorithm is a ``ValueError``; so are files in subdirectories for ``megatron`` (Megatron lists
+    top-level files only).
     """
     if format not in DUMP_FORMATS:
         raise ValueError(f"cannot write manifest format {format!r} (writable: {', '.join(DUMP_FORMATS)})")
@@ -97,6 +99,13 @@ def dump(manifest: Manifest, format: str) -> bytes:
             f"{manifest.algorithm} digests at {manifest.granularity} granularity"
         )
     if format == "megatron":
+        nested = [name for name in manifest.files if "/" in name]
+        if nested:  # Megatron hashes the files directly in the checkpoint's directory, and checks no others
+            shown = ", ".join(map(printable, nested[:3])) + (f" and {len(nested) - 3} more" if len(nested) > 3 else "")
+            raise ValueError(
+                f"megatron's integrity.json lists the top-level files of a checkpoint only, and this one has "
+                f"files in subdirectories ({shown}): sha256sum lists every file"
+            )
         # megatron/core/dist_checkpointing/validation.py: json.dump({...}, f, indent=2)
         return json.dumps({"algorithm": "sha256", "files": dict(manifest.files)}, indent=2).encode("utf-8")
     if format == "seed":

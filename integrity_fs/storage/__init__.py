@@ -6,7 +6,7 @@ Internal: the verbs of integrity_fs call these; users call the verbs.
 
 from .calls import check_stop, on_loop
 from .checksums import StoreHasher, computed_values, keeps_checksums, listed_states, object_states
-from .copying import copy_file
+from .copying import copy_file, copy_within
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import (
     NOT_CONTENT,
@@ -21,9 +21,10 @@ from .listing import (
     stamp_of,
     stat_file,
 )
+from .local import create_beneath, unlink_beneath
 from .read import BLOCK_SIZE, ProgressFn, Range, Sink, fresh_size, hash_range, open_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
-from .removing import Folder, folder_of, remove_folders
+from .removing import METADATA_ORDER, Folder, folder_of, remove_folders
 from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, parent, place, resolve
 from .write import (
     SealingWriter,
@@ -40,6 +41,7 @@ from .write import (
 
 __all__ = [
     "BLOCK_SIZE",
+    "METADATA_ORDER",
     "NOT_CONTENT",
     "Cancelled",
     "FileGrewError",
@@ -63,6 +65,8 @@ __all__ = [
     "check_stop",
     "computed_values",
     "copy_file",
+    "copy_within",
+    "create_beneath",
     "describe",
     "exists",
     "file_folder_clashes",
@@ -100,5 +104,6 @@ __all__ = [
     "storage_errors",
     "store_checksums",
     "sync_dirs",
+    "unlink_beneath",
     "write_atomic",
 ]

@@ -1,7 +1,8 @@
 """Copies that read through the one guarded reader and write through a :class:`~.write.SealingWriter`:
-the source pinned and confirmed to end where planned, the destination never committed short.
+the source pinned and confirmed to end where planned, the destination never committed short; and
+copies that the store makes itself (:func:`copy_within`).
 
-Internal: the transfers (``download``, ``upload``, ``copy``) call :func:`copy_file`.
+Internal: the transfers (``download``, ``upload``, ``copy``) call these.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import fsspec
 
+from . import s3
 from .calls import check_stop, read_attempts, retried
-from .errors import NotARegularFileError, ShortReadError, SizeChangedError
+from .errors import NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import Version
 from .read import BLOCK_SIZE, ProgressFn, Sink, Vanished, fresh_size, open_range
 from .urls import describe
 from .write import SealingWriter, Written
 
-__all__ = ["copy_file"]
+__all__ = ["copy_file", "copy_within"]
 
 
 def copy_file(
@@ -84,6 +86,30 @@ def copy_file(
     except _DestinationMissing as exc:
         undo()
         raise OSError(f"storage error while {what}: {exc}") from exc.__cause__
+
+
+def copy_within(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    dst_path: str,
+    size: int,
+    *,
+    algorithm: str,
+    granularity: str,
+    chunk_size: int | None,
+    digests: Sequence[str],
+) -> None:
+    """Copy the object ``path`` to ``dst_path`` in the same object store, no byte through this
+    process, laid out as a :class:`SealingWriter` writing it with these unit ``digests`` would
+    lay it out: on S3 with SHA-256, one CopyObject or the same parts, each with its SHA-256 (an
+    attestable object stays attestable, and S3 refuses bytes other than those digests); else the
+    store's own copy (GCS keeps the object's MD5 and CRC32C)."""
+    part_size = s3.part_layout(granularity, chunk_size, size)
+    with storage_errors(f"copying {describe(fs, path)} to {describe(fs, dst_path)}"):
+        if SealingWriter.carries_checksums(fs, algorithm) and part_size is not None:
+            s3.copy_object(fs, path, dst_path, size, part_size, digests)
+        else:
+            fs.cp_file(path, dst_path)
 
 
 class _DestinationMissing(Exception):

@@ -83,12 +83,23 @@ def _storage_cause(exc: BaseException) -> BaseException | None:
 
 @contextlib.contextmanager
 def storage_errors(what: str) -> Iterator[None]:
-    """Re-raise backend exceptions (botocore, gcsfs, aiohttp, ...) as ``OSError`` naming ``what``."""
+    """Re-raise backend exceptions (botocore, gcsfs, aiohttp, ...) as ``OSError`` naming ``what``.
+
+    A built-in ``OSError`` passes through as it is, unless a backend made it from its own error
+    without naming the file (s3fs's ``PermissionError("Forbidden")``): then it is raised again, of
+    the same type and errno, naming ``what``. ``FileNotFoundError`` and ``FileExistsError`` pass
+    through in any case: their callers say what was not there, or already there."""
     try:
         yield
     except Exception as exc:
-        if _is_ours(exc) or (isinstance(exc, OSError) and type(exc).__module__ == "builtins"):
+        if _is_ours(exc):
             raise
+        if isinstance(exc, OSError) and type(exc).__module__ == "builtins":
+            if isinstance(exc, (FileNotFoundError, FileExistsError)) or exc.filename or not _made_by_a_backend(exc):
+                raise
+            named = type(exc)(f"storage error while {what}: {exc}")
+            named.errno = exc.errno
+            raise named from exc
         cause = _storage_cause(exc)
         if cause is None:
             raise
@@ -113,6 +124,18 @@ def same_kind(exc: OSError, message: str) -> OSError:
         error = OSError(message)
     error.errno = exc.errno
     return error
+
+
+def _made_by_a_backend(exc: BaseException) -> bool:
+    """Whether a backend error is in the chain of ``exc`` (which a backend raised in its place)."""
+    seen: set[int] = {id(exc)}
+    link = exc.__cause__ or exc.__context__
+    while link is not None and id(link) not in seen:
+        if _is_backend_error(link):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
 
 
 def _is_ours(exc: BaseException) -> bool:

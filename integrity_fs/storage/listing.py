@@ -390,7 +390,7 @@ def exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
     """Whether anything is at ``path`` (a dangling link too), asked of the store, not of a cache."""
     if is_local(fs):
         return os.path.lexists(path)
-    with storage_errors(f"checking {path}"):
+    with storage_errors(f"checking {describe(fs, path)}"):
         fs.invalidate_cache(path)
         return bool(fs.exists(path))
 

@@ -7,6 +7,13 @@ and after its last; a file written to or replaced meanwhile raises ``FileChanged
 Timestamps move in clock ticks (a few ms on Linux): a write in the same tick as the listing's
 ``stat`` may go unseen; any later one is seen.
 
+Writing beneath a root (a transfer's destination, a checkpoint being saved) never goes through a
+link at or under it: each directory below the root is opened relative to the one above it with
+``O_NOFOLLOW``, and a file is created new (``O_CREAT | O_EXCL | O_NOFOLLOW``) in the directory so
+opened, after whatever entry of its name was there is unlinked (a link is removed, never
+followed; a file another name links to keeps its bytes). A link where a directory is needed is a
+``ValueError`` naming it: nothing is written through it.
+
 Where the platform lacks a call (``O_NONBLOCK`` and ``os.readv`` on Windows), the portable one
 is used instead.
 """
@@ -24,10 +31,30 @@ from ..hashing import Hasher
 from .errors import FileGrewError, NotARegularFileError, ShortReadError
 from .listing import kind_of, local_identity
 
-__all__ = ["LocalRange", "digest_small_file", "open_regular", "read_small"]
+__all__ = [
+    "LocalRange",
+    "create_beneath",
+    "digest_small_file",
+    "open_dir_beneath",
+    "open_regular",
+    "read_small",
+    "rename_beneath",
+    "unlink_beneath",
+]
 
 #: Opening never waits for a FIFO's writer, and the descriptor is not inherited by children.
 OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+#: A directory below a root: opened relative to the one above, never through a link.
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+#: A file written beneath a root: a new one, never an existing file nor a link's target.
+_NEW_FILE_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 _HAS_READV = hasattr(os, "readv")
 _HAS_PREADV = hasattr(os, "preadv")
 
@@ -196,3 +223,100 @@ def digest_small_file(
     h = hasher()
     h.update(data)
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- writing beneath a root
+
+
+def open_dir_beneath(root: str, directory: str, made: list[str] | None = None) -> int:
+    """A descriptor of ``directory`` (``root`` itself or a directory below it), each component
+    below ``root`` opened relative to the one above without following a link. ``made``: missing
+    directories are created, and appended to it (outermost first). A link on the way is a
+    ``ValueError``, a file a ``NotADirectoryError``."""
+    rel = os.path.relpath(directory, root)
+    parts = [] if rel == os.curdir else rel.split(os.sep)
+    if os.pardir in parts:
+        raise ValueError(f"{directory} is not inside {root}")
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    path = root
+    try:
+        for part in parts:
+            path = os.path.join(path, part)
+            if made is not None:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                    made.append(path)
+                except FileExistsError:
+                    pass
+            if _kind(fd, part) == stat.S_IFLNK:
+                raise ValueError(
+                    f"{path} is a symbolic link: nothing is written through a link at or under a destination"
+                )
+            try:
+                inner = os.open(part, _DIR_FLAGS, dir_fd=fd)  # a link swapped in meanwhile: ELOOP
+            except NotADirectoryError as exc:
+                raise NotADirectoryError(errno.ENOTDIR, f"{path} is a file, not a directory") from exc
+            os.close(fd)
+            fd = inner
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_beneath(root: str, path: str, made: list[str] | None = None) -> int:
+    """A new, empty regular file at ``path`` below ``root``, open for writing: the directories
+    above it as :func:`open_dir_beneath` (``made``), whatever entry was at ``path`` unlinked first
+    (a link removed, never followed; a directory is an ``IsADirectoryError``)."""
+    directory, name = os.path.split(path)
+    dir_fd = open_dir_beneath(root, directory, made)
+    try:
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno in (errno.EISDIR, errno.EPERM) and _kind(dir_fd, name) == stat.S_IFDIR:
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a directory, not a file") from exc
+            raise
+        try:
+            return os.open(name, _NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd)
+        except FileExistsError as exc:  # made again since it was unlinked: never written through
+            raise OSError(errno.EEXIST, f"{path} was created by someone else while it was being written") from exc
+    finally:
+        os.close(dir_fd)
+
+
+def unlink_beneath(root: str, path: str) -> None:
+    """Remove the file (or link) ``path`` below ``root``, reached without following a link."""
+    directory, name = os.path.split(path)
+    dir_fd = open_dir_beneath(root, directory)
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def rename_beneath(src_root: str, src: str, dst_root: str, dst: str, made: list[str] | None = None) -> None:
+    """Move the file ``src`` below ``src_root`` to ``dst`` below ``dst_root`` (one filesystem),
+    replacing the entry there (a link is replaced, never followed); both reached without
+    following a link, the directories above ``dst`` made as :func:`open_dir_beneath` does."""
+    src_dir, src_name = os.path.split(src)
+    dst_dir, dst_name = os.path.split(dst)
+    src_fd = open_dir_beneath(src_root, src_dir)
+    try:
+        dst_fd = open_dir_beneath(dst_root, dst_dir, made)
+        try:
+            os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+
+
+def _kind(dir_fd: int, name: str) -> int | None:
+    """The file type (``stat.S_IFMT``) of the entry ``name`` of a directory, ``None`` when absent."""
+    try:
+        return stat.S_IFMT(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return None

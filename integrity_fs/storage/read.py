@@ -393,7 +393,7 @@ def hash_range(
                 raise SizeChangedError(path, offset + length, now) from exc
 
     attempts = READ_ATTEMPTS if fast else read_attempts(fs)
-    return retried(fs, path, f"reading {path}", attempts, once, undo=undo, stop=stop, check=shorter_now)
+    return retried(fs, path, f"reading {describe(fs, path)}", attempts, once, undo=undo, stop=stop, check=shorter_now)
 
 
 def _hash_once(
@@ -468,5 +468,5 @@ def read_file(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
     if is_local(fs):
         with open_file(path) as f:
             return bytes(f.read())
-    with storage_errors(f"reading {path}"):
+    with storage_errors(f"reading {describe(fs, path)}"):
         return bytes(fs.cat_file(path))

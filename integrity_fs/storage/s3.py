@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import errno
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -34,6 +35,7 @@ __all__ = [
     "RangeStream",
     "StoreChecksum",
     "bucket_and_key",
+    "copy_object",
     "delete_objects",
     "etag_md5",
     "etag_of",
@@ -130,6 +132,8 @@ def delete_objects(
             delete = {"Objects": [{"Key": key} for key in batch], "Quiet": True}
             try:
                 out = sync(fs_.loop, fs_._call_s3, "delete_objects", Bucket=bucket, Delete=delete)
+            except FileNotFoundError:  # no such bucket: none of its objects is there
+                continue
             except Exception as exc:
                 log.info("deleting %d objects from %s failed: %s", len(batch), bucket, exc)
                 left += [named[key] for key in batch]
@@ -213,9 +217,7 @@ class ChecksummedUpload:
         return self._upload_id is not None
 
     def part(self, data: bytes | bytearray | memoryview, digest: str) -> None:
-        if self._upload_id is None:
-            self._upload_id = self._call("create_multipart_upload", ChecksumAlgorithm="SHA256")["UploadId"]
-        number = len(self._parts) + 1
+        number = self._next_part()
         out = self._call(
             "upload_part",
             UploadId=self._upload_id,
@@ -225,6 +227,38 @@ class ChecksummedUpload:
             ChecksumSHA256=_b64(digest),
         )
         self._parts.append({"PartNumber": number, "ETag": out["ETag"], "ChecksumSHA256": _b64(digest)})
+
+    def copy(self, source: str, digest: str) -> None:
+        """One CopyObject of ``source`` (in this store), S3 computing the copy's SHA-256: an
+        ``OSError`` unless it is ``digest`` (the source is not the object it was)."""
+        out = self._call("copy_object", CopySource=self._source(source), ChecksumAlgorithm="SHA256")
+        self._fs.invalidate_cache(self._path)
+        found = out.get("CopyObjectResult", {}).get("ChecksumSHA256")
+        if found is not None and found != _b64(digest):
+            raise OSError(f"copying {source} to {self._path}: S3 computed another SHA-256 than the one verified")
+
+    def copy_part(self, source: str, start: int, end: int, digest: str) -> None:
+        """Bytes ``[start, end)`` of ``source`` as the next part, whose SHA-256 is ``digest`` (S3
+        refuses to complete the object if the bytes copied are not those)."""
+        number = self._next_part()
+        out = self._call(
+            "upload_part_copy",
+            UploadId=self._upload_id,
+            PartNumber=number,
+            CopySource=self._source(source),
+            CopySourceRange=f"bytes={start}-{end - 1}",
+        )
+        etag = out["CopyPartResult"]["ETag"]
+        self._parts.append({"PartNumber": number, "ETag": etag, "ChecksumSHA256": _b64(digest)})
+
+    def _next_part(self) -> int:
+        if self._upload_id is None:
+            self._upload_id = self._call("create_multipart_upload", ChecksumAlgorithm="SHA256")["UploadId"]
+        return len(self._parts) + 1
+
+    def _source(self, source: str) -> dict[str, str]:
+        bucket, key = bucket_and_key(self._fs, source)
+        return {"Bucket": bucket, "Key": key}
 
     def complete(self) -> None:
         assert self._upload_id is not None, "complete() without parts"
@@ -236,6 +270,27 @@ class ChecksummedUpload:
         if self._upload_id is not None:
             upload_id, self._upload_id = self._upload_id, None
             self._call("abort_multipart_upload", UploadId=upload_id)
+
+
+def copy_object(
+    fs: fsspec.AbstractFileSystem, source: str, path: str, size: int, part_size: int, digests: Sequence[str]
+) -> None:
+    """Copy ``source`` to ``path`` inside S3, laid out as it was written (see :func:`part_layout`):
+    one CopyObject (``part_size`` 0, ``digests`` the object's SHA-256) or parts of exactly
+    ``part_size`` bytes, each with its SHA-256 from ``digests``; so a copy of an attestable
+    object is attestable. A multipart copy that fails is aborted."""
+    upload = ChecksummedUpload(fs, path)
+    if part_size == 0:
+        upload.copy(source, digests[0])
+        return
+    try:
+        for index, start in enumerate(range(0, size, part_size)):
+            upload.copy_part(source, start, min(size, start + part_size), digests[index])
+        upload.complete()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            upload.abort()
+        raise
 
 
 _CHECKSUM_KEYS = {f"Checksum{kind.upper()}": kind for kind in DIGEST_SIZES}

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile
@@ -26,8 +26,9 @@ from ..hashing import StreamDigest, new_hasher
 from ..recorded import ObjectState
 from . import s3
 from .errors import storage_errors
+from .local import create_beneath, open_dir_beneath, rename_beneath, unlink_beneath
 from .read import Sink
-from .urls import is_local
+from .urls import describe, is_local
 
 __all__ = [
     "SealingWriter",
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("integrity_fs")
+
+T = TypeVar("T")
 
 
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
@@ -71,7 +74,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
             raise
         sync_dirs([directory])
         return
-    with storage_errors(f"writing {path}"):
+    with storage_errors(f"writing {describe(fs, path)}"):
         fs.pipe_file(path, data)
 
 
@@ -141,6 +144,7 @@ class SealingWriter:
     ) -> None:
         self.path = path
         self._written = written
+        self._root = written.root if written is not None else os.path.dirname(path)  # local: nothing below it followed
         self._digest = StreamDigest(algorithm, chunk_size if granularity == "chunk" else None)
         self._part_size: int | None = None
         if self.carries_checksums(fs, algorithm):
@@ -165,12 +169,14 @@ class SealingWriter:
         self._sinks = sinks(self._upload is not None) if sinks is not None else ()
 
     def _open_stream(self) -> None:
-        if is_local(self._fs):
+        if is_local(self._fs):  # a new file, never written through a link (see ``local``)
             if self._written is None:
                 make_local_parent(self.path)
+                fd = create_beneath(self._root, self.path)
             else:
-                self._written.make_parent(self.path)
-                self._written.started(self.path)  # truncated from the opening on
+                fd = self._written.create(self.path)
+            self._stream = os.fdopen(fd, "wb")
+            return
         self._stream = self._fs.open(self.path, "wb")
         if self._written is not None and not isinstance(self._stream, AbstractBufferedFile):
             self._written.started(self.path)  # written in place (memory): there from the opening on
@@ -241,23 +247,25 @@ class SealingWriter:
             with contextlib.suppress(Exception):
                 self._upload.abort()
         if self._stream is not None:
-            _discard(self._fs, self.path, self._stream)
+            _discard(self._fs, self.path, self._stream, self._root)
             self._stream = None
 
 
 class Written:
-    """What one transfer wrote at its destination, recorded by its writers (thread-safe).
+    """What one transfer wrote at its destination ``root``, recorded by its writers (thread-safe).
 
     ``remove()`` deletes it all when the transfer fails: every file whose destination path may
-    hold any of its bytes, and on a local disk the directories it created. On a local disk the
+    hold any of its bytes, and on a local disk the directories it created. On a local disk
+    nothing below ``root`` is written, moved or deleted through a link (see ``local``), and the
     writes are made durable: each file is fsynced when it is closed, :meth:`sync` fsyncs every
     directory that gained an entry, and :meth:`check` confirms that every file closed is still
     the one written (device, inode, size, modification time), so a verified copy that something
     else removed or replaced while it ran is never declared done.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
+        self.root = root
         self._lock = threading.Lock()
         self._paths: dict[str, None] = {}  # in the order written: an ordered set
         self._created: list[str] = []  # local directories created, outermost first
@@ -274,24 +282,51 @@ class Written:
             self._paths[path] = None
 
     def make_parent(self, path: str) -> None:
-        """Create the local directories above ``path`` (recorded, to remove them on failure); one
-        that is a file is a ``NotADirectoryError``, as for :func:`make_local_parent`."""
+        """Create the local directories above ``path`` (recorded, to remove them on failure): the
+        root and its parents as named, those below the root without following a link. One that
+        is a file is a ``NotADirectoryError``, as for :func:`make_local_parent`."""
+        os.close(self._beneath(lambda made: open_dir_beneath(self.root, os.path.dirname(path), made)))
+
+    def create(self, path: str) -> int:
+        """A new local file at ``path`` (below the root, see :func:`~.local.create_beneath`), open
+        for writing; it holds bytes of this transfer from now on (an old file of its name is gone)."""
+        self.started(path)
+        return self._beneath(lambda made: create_beneath(self.root, path, made))
+
+    def move_in(self, src_root: str, src: str, path: str) -> None:
+        """Move the local file ``src`` (below ``src_root``, on this filesystem) to ``path``, as
+        :func:`~.local.rename_beneath` does; :meth:`sync` and :meth:`check` then cover it."""
+        self._beneath(lambda made: rename_beneath(src_root, src, self.root, path, made))
+        st = os.stat(path, follow_symlinks=False)
+        with self._lock:
+            self._closed[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _beneath(self, action: Callable[[list[str]], T]) -> T:
+        """``action(made)`` once the root exists, every directory it made recorded."""
+        made: list[str] = []
+        try:
+            self._make_root(made)
+            return action(made)
+        finally:
+            with self._lock:
+                self._created.extend(made)
+
+    def _make_root(self, made: list[str]) -> None:
         missing: list[str] = []
-        directory = os.path.dirname(path)
+        directory = self.root
         while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
             missing.append(directory)
             directory = os.path.dirname(directory)
-        with self._lock:
-            for directory in reversed(missing):
-                try:
-                    os.mkdir(directory)
-                except FileExistsError as exc:
-                    if not os.path.isdir(directory):
-                        raise NotADirectoryError(
-                            f"cannot write {path}: {directory} is a file, not a directory"
-                        ) from exc
-                    continue
-                self._created.append(directory)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError as exc:
+                if not os.path.isdir(directory):
+                    raise NotADirectoryError(
+                        f"cannot write in {self.root}: {directory} is a file, not a directory"
+                    ) from exc
+                continue
+            made.append(directory)
 
     def closed(self, path: str, fd: int) -> None:
         """The local file ``path``, open on ``fd``, is complete: fsync it and note its identity."""
@@ -315,7 +350,7 @@ class Written:
         for path, identity in closed.items():
             now = where(path)
             try:
-                st = os.stat(now)
+                st = os.stat(now, follow_symlinks=False)
             except (FileNotFoundError, NotADirectoryError):
                 gone.append(now)
                 continue
@@ -328,7 +363,10 @@ class Written:
     def remove(self) -> None:
         """Delete what was written, best effort: what cannot be deleted is logged, never raised
         (the failure that called for this is the one to raise)."""
-        left = remove_files(self.fs, self.paths)
+        if is_local(self.fs):
+            left = [path for path in self.paths if not self._unlinked(path)]
+        else:
+            left = remove_files(self.fs, self.paths)
         with self._lock:
             created, self._created = self._created, []
         for directory in reversed(created):
@@ -337,6 +375,15 @@ class Written:
         if left:
             shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
             log.warning("could not delete %d files this transfer wrote: %s", len(left), shown)
+
+    def _unlinked(self, path: str) -> bool:
+        try:
+            unlink_beneath(self.root, path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True  # already gone (or never made: a directory above it was not there)
+        except (OSError, ValueError):
+            return False
+        return True
 
 
 def remove_files(fs: fsspec.AbstractFileSystem, paths: Iterable[str]) -> list[str]:
@@ -397,9 +444,9 @@ def make_local_parent(path: str) -> None:
         raise NotADirectoryError(f"cannot write {path}: {parent} is a file, not a directory") from exc
 
 
-def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any) -> None:
+def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any, root: str) -> None:
     """Close a write stream without committing it (``close()`` would store what it holds); a file
-    written in place (local, memory) is removed."""
+    written in place (local, below ``root``; memory) is removed."""
     if isinstance(stream, AbstractBufferedFile):
         with contextlib.suppress(Exception):
             stream.discard()  # s3fs: abort the multipart upload; gcsfs: cancel the resumable upload
@@ -407,11 +454,10 @@ def _discard(fs: fsspec.AbstractFileSystem, path: str, stream: Any) -> None:
         return
     with contextlib.suppress(Exception):
         stream.close()
-    if is_local(fs):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    else:
-        with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):
+        if is_local(fs):
+            unlink_beneath(root, path)
+        else:
             fs.rm_file(path)
 
 
@@ -423,11 +469,11 @@ def _sha256(data: bytes | bytearray | memoryview) -> str:
 
 def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Delete one file; one that is already gone is fine."""
-    with contextlib.suppress(FileNotFoundError), storage_errors(f"deleting {path}"):
+    with contextlib.suppress(FileNotFoundError), storage_errors(f"deleting {describe(fs, path)}"):
         fs.rm_file(path)
 
 
 def makedirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Create the directory ``path`` and its parents where the filesystem has directories."""
-    with storage_errors(f"creating {path}"):
+    with storage_errors(f"creating {describe(fs, path)}"):
         fs.makedirs(path, exist_ok=True)

@@ -29,6 +29,7 @@ from ..report import Report, printable
 from ..seal import build_manifest, plan_seal, seal_options
 from ..verify import prepare
 from . import staging
+from .destination import Destination
 from .staging import STAGING_MARK
 from .streaming import Side, sent_as_listed, stream, unit_digests, verified_copy
 
@@ -91,7 +92,7 @@ def download(
     try:
         os.mkdir(stage)  # not mkdtemp: dest gets the usual permissions once renamed
         dst = Side(local, stage)
-        written = storage.Written(local)
+        written = storage.Written(local, stage)
         report = verified_copy(src, dst, manifest, plan, versions, work, written)
         written.sync()
         written.check()  # before the manifest goes over them: the staged files are all there
@@ -138,9 +139,11 @@ def upload(
     sent, and that manifest is written unchanged (a damaged ``src`` raises ``IntegrityError``);
     the seal options must then agree with it or be left at their defaults. An unsealed ``src`` is
     sealed from exactly the bytes sent. ``FileExistsError`` when ``url`` holds a manifest, unless
-    ``overwrite=True`` (the old manifest and signature are then deleted before any file is sent,
-    so a failed upload leaves ``url`` unsealed, never mis-sealed). A failed upload deletes every
-    file it wrote (one of the same name that was there before included). With ``private_key``
+    ``overwrite=True``: the new checkpoint is then staged beside the old one and swapped in once
+    it verified, so a failed upload leaves the old one as it was (see ``destination``). A failed
+    upload deletes every file it wrote (one of the same name that was there before included); a
+    local ``url`` that is a link, or holds one where a file would go, is a ``ValueError`` before
+    anything is written. With ``private_key``
     (a PEM path or a ``cryptography`` EC key, loaded before anything is read), ``model.sig`` is
     written right after the manifest, signing its digests (those just computed, or the checked
     source manifest's); a signature beside ``src`` is then not copied, else it is carried along.
@@ -153,7 +156,6 @@ def upload(
         raise ValueError(f"src {source.root} and url {dst.location} overlap; upload to a location outside src")
     versions: dict[str, storage.Version] = {}
     listing = storage.list_files(source.fs, source.root, versions=versions)
-    written = storage.Written(dst.fs)
     if os.path.lexists(source.path(MANIFEST_FILENAME)):
         raw, manifest = _load_manifest(source)
         _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
@@ -174,32 +176,30 @@ def upload(
                 MANIFEST_FILENAME,
                 ", ".join(map(printable, plan.extra[:5])) + (" ..." if len(plan.extra) > 5 else ""),
             )
-        _prepare_destination(dst, overwrite)
-        recording = storage.WriteRecording(dst.fs)
+        target = Destination(dst, plan.sizes, overwrite=overwrite)
         try:
-            verified_copy(source, dst, manifest, plan, versions, work, written, recording)
-            _seal_destination(dst, written, manifest, raw=raw, signature=signature, key=options.key)
+            verified_copy(source, target.side, manifest, plan, versions, work, target.written, target.recording)
+            target.seal(manifest, work, raw=raw, signature=signature, key=options.key)
         except BaseException:
-            written.remove()
+            target.abandon()
             raise
-        _record(dst, manifest, recording, signed=options.key is not None)
+        target.finish(manifest, signed=options.key is not None)
         return manifest
     hashing = options.hashing
     # The seal's own checks (names, chunk count, signable names), on the source's listing; the
     # sealed destination was refused above.
     planned = plan_seal(source.fs, source.root, dataclasses.replace(options, overwrite=True), sizes=listing)
-    _prepare_destination(dst, overwrite)
-    recording = storage.WriteRecording(dst.fs)
+    target = Destination(dst, planned.sizes, overwrite=overwrite)
     try:
-        streamed = stream(source, dst, planned.sizes, hashing, versions, work, written, recording)
+        streamed = stream(source, target.side, planned.sizes, hashing, versions, work, target.written, target.recording)
         copied = sent_as_listed(source, streamed)
         sizes = {name: c.size for name, c in sorted(copied.items())}
         manifest = build_manifest(hashing, sizes, unit_digests(hashing, copied))
-        _seal_destination(dst, written, manifest, key=options.key)
+        target.seal(manifest, work, key=options.key)
     except BaseException:
-        written.remove()
+        target.abandon()
         raise
-    _record(dst, manifest, recording, signed=options.key is not None)
+    target.finish(manifest, signed=options.key is not None)
     return manifest
 
 
@@ -218,9 +218,11 @@ def copy(
     The same manifest bytes are written at ``dst`` last, and only when every file matched; files
     the manifest does not list are not copied. A failed copy deletes every file it wrote (one of
     the same name that was there before included). Raises as :func:`~integrity_fs.verify`
-    (about ``src``), ``FileExistsError`` when ``dst`` holds a manifest, unless ``overwrite=True``,
-    and ``ValueError`` when ``src`` and ``dst`` overlap (judged by where their bytes live, not by
-    their options) or a local ``dst`` cannot hold the checkpoint's names.
+    (about ``src``), ``FileExistsError`` when ``dst`` holds a manifest, unless ``overwrite=True``
+    (then staged beside it and swapped in once verified, as for :func:`upload`), and
+    ``ValueError`` when ``src`` and ``dst`` overlap (judged by where their bytes live, not by
+    their options) or a local ``dst`` cannot hold the checkpoint's names, is a link or holds one
+    where a file would go.
     """
     work = Work(max_workers, callback)
     source = Side(*storage.resolve(src, src_options))
@@ -235,16 +237,14 @@ def copy(
     if storage.is_local(target.fs):
         check_local_names(plan.sizes, source.location)
     signature = _signature_of(source)
-    _prepare_destination(target, overwrite)
-    written = storage.Written(target.fs)
-    recording = storage.WriteRecording(target.fs)
+    into = Destination(target, plan.sizes, overwrite=overwrite)
     try:
-        report = verified_copy(source, target, manifest, plan, versions, work, written, recording)
-        _seal_destination(target, written, manifest, raw=raw, signature=signature)
+        report = verified_copy(source, into.side, manifest, plan, versions, work, into.written, into.recording)
+        into.seal(manifest, work, raw=raw, signature=signature)
     except BaseException:
-        written.remove()
+        into.abandon()
         raise
-    _record(target, manifest, recording)
+    into.finish(manifest)
     return report
 
 
@@ -296,47 +296,6 @@ def _check_options_agree(
             f"{location} is sealed with chunk_size {manifest.chunk_size}, and upload sends its manifest "
             "unchanged: leave chunk_size unset or re-seal the source"
         )
-
-
-def _prepare_destination(dst: Side, overwrite: bool) -> None:
-    """Refuse a sealed destination, or (``overwrite``) unseal it before any file is sent."""
-    path = dst.path(MANIFEST_FILENAME)
-    if not storage.exists(dst.fs, path):
-        return
-    if not overwrite:
-        raise FileExistsError(f"{dst.location} already holds a sealed checkpoint ({MANIFEST_FILENAME})")
-    storage.remove_file(dst.fs, path)
-    storage.remove_file(dst.fs, dst.path(signing.SIGNATURE_FILENAME))  # it signed the old content
-
-
-def _seal_destination(
-    dst: Side,
-    written: storage.Written,
-    manifest: Manifest,
-    *,
-    raw: bytes | None = None,
-    signature: bytes | None = None,
-    key: Any = None,
-) -> None:
-    """Write the manifest (and signature) over the files just sent. On a local disk these are
-    made durable and checked to be in place first; the manifest's own write is fsynced."""
-    path = dst.path(MANIFEST_FILENAME)
-    if storage.is_local(dst.fs):
-        written.make_parent(path)  # the root of a checkpoint of no files: no file write created it
-        written.sync()
-        written.check()
-    written.started(path)
-    if signature is not None or key is not None:
-        written.started(dst.path(signing.SIGNATURE_FILENAME))
-    manifests.write_sealed(dst.fs, dst.root, manifest, key=key, raw=raw, signature=signature)
-
-
-def _record(dst: Side, manifest: Manifest, recording: storage.WriteRecording, *, signed: bool = False) -> None:
-    """Once the transfer is done, record the destination store's own checksums of what it wrote
-    (S3 and GCS; never fails the transfer). ``signed``: it signed with its own key, whose
-    signature ignores the sidecar (a signature carried from the source may not)."""
-    if recording:
-        storage.record_written(dst.fs, dst.root, manifest, recording.computed(), signed=signed)
 
 
 def _signature_of(src: Side) -> bytes | None:

@@ -1,5 +1,6 @@
-"""``download``'s staging directory: where the files land until every one of them verified, and
-how it becomes ``dest`` (one rename, or its entries moved into an empty ``dest``).
+"""Staging folders: where ``download`` (and a forced ``upload`` or ``copy``) lands the files until
+every one of them verified, and how ``download``'s becomes ``dest`` (one rename, or its entries
+moved into an empty ``dest``).
 
 Internal.
 """
@@ -16,17 +17,22 @@ import uuid
 from ..manifest import MANIFEST_FILENAME
 from ..report import printable
 
-__all__ = ["STAGING_MARK", "check_dest", "make_dirs", "move_up", "remove_stale", "staging_path"]
+__all__ = ["STAGING_MARK", "check_dest", "make_dirs", "move_up", "remove_stale", "staging_name", "staging_path"]
 
 log = logging.getLogger("integrity_fs")
 
-#: Staging directories of ``download`` are named ``.<DEST name><STAGING_MARK><pid>-<token>-<host>``.
+#: Staging folders are named ``.<DEST name><STAGING_MARK><pid>-<token>-<host>``.
 STAGING_MARK = ".integrity-fs-partial-"
 
 
 def staging_path(where: str, name: str) -> str:
     """A new staging directory's path in ``where`` for the ``dest`` called ``name``."""
-    return os.path.join(where, f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}")
+    return os.path.join(where, staging_name(name))
+
+
+def staging_name(name: str) -> str:
+    """A new staging folder's name for the destination called ``name``."""
+    return f".{name}{STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}-{_host()}"
 
 
 def check_dest(dest: str) -> None:
@@ -75,7 +81,7 @@ def _host() -> str:
 
 
 def remove_stale(parent: str, name: str) -> None:
-    """Delete staging directories for the same ``dest`` whose download process (on this host) is gone."""
+    """Delete staging directories for the same ``dest`` whose process (on this host) is gone."""
     prefix = f".{name}{STAGING_MARK}"
     with contextlib.suppress(OSError):
         entries = [e for e in os.scandir(parent) if e.name.startswith(prefix)]
@@ -85,7 +91,7 @@ def remove_stale(parent: str, name: str) -> None:
             if not pid_text.isdigit() or host != _host() or _alive(int(pid_text)):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                log.info("removing %s, left by an interrupted download", printable(entry.path))
+                log.info("removing %s, left by an interrupted transfer", printable(entry.path))
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 
