@@ -1,14 +1,14 @@
 """The checkpoints of a run: which are there, newest first, and which is the newest one that verifies.
 
 A run's root holds one directory per checkpoint (``step_1000``, ``global_step1000``,
-``checkpoint-1000``, ``iter_0001000``, ...). :func:`find_checkpoints` orders them by the last
-integer in the name from one listing; :func:`latest_verified` verifies them newest first and returns
-the first that passes, skipping unsealed, invalid and damaged ones with a WARNING each, and raising
-storage errors (an outage must not roll a run back). :func:`status` is the state of every
+``checkpoint-1000``, ``iter_0001000``, ...). :func:`find_checkpoints` orders them by the numbers in
+their names (:mod:`integrity_fs.series`) from one listing; :func:`latest_verified` verifies them
+newest first and returns the first that passes, skipping unsealed, invalid and damaged ones with a
+WARNING each, and raising storage errors (an outage must not roll a run back). :func:`status` is the state of every
 checkpoint at a glance, as data (what ``integrity-fs status`` prints). :func:`prune` deletes old
 checkpoints by the same verdicts: it keeps the ``keep_last`` newest ones that verify and deletes
-only what is older than the oldest of them, so that damaged or half-written new checkpoints never
-make it delete the last good one.
+only what is certainly older than each of them, so that damaged or half-written new checkpoints
+never make it delete the last good one, and an uncertain order never makes it delete anything.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from . import manifests, signing, storage
+from . import manifests, series, signing, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest
 from .options import Attested, VerifyOptions, Work
@@ -53,6 +53,7 @@ __all__ = [
     "prune",
     "prune_candidates",
     "prune_settings",
+    "same_series",
     "signed_name",
     "status",
     "statuses",
@@ -65,8 +66,6 @@ URL = str | os.PathLike[str]
 R = TypeVar("R")
 
 Verdict = Literal["ok", "damaged", "unsealed", "invalid", "changing"]
-
-_DIGITS = re.compile(r"[0-9]+")
 
 #: How :attr:`CheckpointStatus.detail` starts when the verdict is a signature's (``status`` with a key).
 BAD_SIGNATURE = "bad signature: "
@@ -83,9 +82,12 @@ def find_checkpoints(
 ) -> list[str]:
     """The checkpoint directories directly under ``root``, newest first; one listing, nothing read.
 
-    Newest is the largest last integer in the name (``step_1000``, ``global_step1000``,
-    ``checkpoint-1000``, ``iter_0001000``), ties by name; then the names without an integer, in
-    name order. Names starting with ``.`` or ``_`` (staging and hidden folders) are left out.
+    Newest is the largest number in the name (``step_1000``, ``global_step1000``,
+    ``checkpoint-1000``, ``iter_0001000``): of names alike but for their numbers, the last integer
+    that differs between them (``ckpt-2000-bf16`` is newer than ``ckpt-1000-bf16``), of a name
+    alone in its kind its last integer (:mod:`integrity_fs.series`); ties by name; then the names
+    without an integer, in name order. Names starting with ``.`` or ``_`` (staging and hidden
+    folders) are left out.
     Returns URLs (``s3://bucket/run/step_1000``), plain paths for local roots. A root that does not
     exist raises ``FileNotFoundError``, a file ``NotADirectoryError``.
     """
@@ -93,18 +95,9 @@ def find_checkpoints(
     return [checkpoint_url(fs_, storage.join(root_, name)) for name in checkpoint_names(fs_, root_)]
 
 
-def checkpoint_order(name: str) -> tuple[int, int, str]:
-    """Sort key of a checkpoint name: newest (largest last integer) first, then names without one."""
-    numbers = _DIGITS.findall(name)
-    if not numbers:
-        return (1, 0, name)
-    return (0, -int(numbers[-1]), name)
-
-
 def checkpoint_names(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
     """The names of the checkpoint directories directly under ``root``, newest first."""
-    names = [n for n in storage.list_dirs(fs, root) if not n.startswith((".", "_"))]
-    return sorted(names, key=checkpoint_order)
+    return series.newest_first(n for n in storage.list_dirs(fs, root) if not n.startswith((".", "_")))
 
 
 def checkpoint_url(fs: fsspec.AbstractFileSystem, path: str) -> str:
@@ -422,7 +415,8 @@ class PruneResult:
     ``kept``: the ``keep_last`` newest checkpoints that verify (and those named in ``keep`` that
     verify); ``deleted``: what was deleted (with ``dry_run``: what a real run deletes); ``left``:
     the rest, neither kept nor deleted (newer than the oldest kept one and not verifying, or
-    older and unsealed, invalid or changing; all of them when fewer than ``keep_last`` verify).
+    older and unsealed, invalid or changing, or not certainly older, or without a number in the
+    name; all of them when fewer than ``keep_last`` verify).
     ``verdicts``: URL -> ``"ok"``, ``"damaged"``, ``"unsealed"``, ``"invalid"`` or ``"changing"``
     for every checkpoint; ``bytes_freed``: the bytes the deleted checkpoints held (or would free).
     """
@@ -512,6 +506,13 @@ def prune_candidates(fs: fsspec.AbstractFileSystem, root: str, match: str | None
     return [(storage.join(root, name), checkpoint_url(fs, storage.join(root, name))) for name in names]
 
 
+def same_series(path: str) -> str:
+    """The ``match`` of a prune after a save to ``path``: the names alike but for their numbers
+    (``step_[0-9]+`` for ``run/step_100``), so that other folders beside the run's checkpoints (a
+    base model, another run's checkpoints) are never candidates."""
+    return series.pattern(manifests.model_name(path))
+
+
 def verdict_of(exc: Exception) -> Verdict | None:
     """The verdict a judging that raised ``exc`` gives its checkpoint; ``None`` when ``exc`` is to
     be raised (a storage error). Damage includes a bad signature; a checkpoint deleted since the
@@ -537,14 +538,15 @@ def judge(
     warn: bool = True,
 ) -> list[tuple[str, str, Verdict]]:
     """Every candidate's verdict, newest first: ``attempt(path, full)`` verifies one (raising as
-    :func:`integrity_fs.verify` does); ``full`` until ``keep_last`` have verified, then names and
-    sizes only (what is older is deleted or left by whether it is sealed, not by its content). A
-    storage error is raised at once. Verdicts other than ``"ok"`` of fully judged ones are
-    logged at WARNING (``warn``)."""
+    :func:`integrity_fs.verify` does); ``full`` until ``keep_last`` with a number in their name
+    have verified, then names and sizes only (what is older is deleted or left by whether it is
+    sealed, not by its content; a name without a number is never kept nor deleted). A storage
+    error is raised at once. Verdicts other than ``"ok"`` of fully judged ones are logged at
+    WARNING (``warn``)."""
     out: list[tuple[str, str, Verdict]] = []
     verified = 0
     for path, url in candidates:
-        full = verified < keep_last
+        full = verified < keep_last and series.has_number(manifests.model_name(path))
         try:
             attempt(path, full)
         except Exception as exc:
@@ -565,25 +567,39 @@ def plan_prune(
 ) -> dict[str, Action]:
     """What becomes of each checkpoint (``(url, verdict)``, newest first): the rule of :func:`prune`.
 
-    The ``keep_last`` first ``"ok"`` ones are kept; only checkpoints older than the last of them
-    are deleted, and of those only ``"ok"`` and ``"damaged"`` ones (``"unsealed"`` ones too with
+    The ``keep_last`` first ``"ok"`` ones with a number in their name are kept; only checkpoints
+    certainly older than every kept one (:func:`integrity_fs.series.certainly_older`) are
+    deleted, and of those only ``"ok"`` and ``"damaged"`` ones (``"unsealed"`` ones too with
     ``unsealed``); URLs in ``keep`` are never deleted (kept when they verify). Fewer than
-    ``keep_last`` verified: nothing is deleted.
+    ``keep_last`` verified: nothing is deleted. One that sits below the oldest kept one in the
+    order but is not certainly older than every kept one (names not alike, equal or disagreeing
+    numbers) is left, with a WARNING saying why (at INFO for a name without a number).
     """
     protected = set(keep)
-    verified = [url for url, verdict in verdicts if verdict == "ok"]
-    chosen = set(verified[:keep_last])
-    enough = len(verified) >= keep_last
-    oldest = [url for url, _ in verdicts].index(verified[keep_last - 1]) if enough else len(verdicts)
+    names = {url: _name_of(url) for url, _ in verdicts}
+    chosen = [url for url, verdict in verdicts if verdict == "ok" and series.has_number(names[url])][:keep_last]
+    enough = len(chosen) == keep_last
+    kept = [names[url] for url in chosen]
     deletable = (*DELETABLE, "unsealed") if unsealed else DELETABLE
+    below = False  # past the oldest kept one, in the order
     plan: dict[str, Action] = {}
-    for index, (url, verdict) in enumerate(verdicts):
+    for url, verdict in verdicts:
+        plan[url] = "left"
         if url in chosen or (url in protected and verdict == "ok"):
             plan[url] = "kept"
-        elif enough and index > oldest and url not in protected and verdict in deletable:
-            plan[url] = "deleted"
-        else:
-            plan[url] = "left"
+        elif enough and below and url not in protected and verdict in deletable:
+            doubt = next(filter(None, (series.uncertainty(names[url], name) for name in kept)), None)
+            if doubt is None:
+                plan[url] = "deleted"
+            else:
+                level = logging.WARNING if series.has_number(names[url]) else logging.INFO
+                log.log(
+                    level,
+                    "prune: leaving %s, not certainly older than those kept: %s",
+                    printable(url),
+                    printable(doubt),
+                )
+        below = below or (enough and url == chosen[-1])
     return plan
 
 
@@ -603,7 +619,7 @@ def carry_out(
     )
     doomed = [path for path, url, _ in judged if plan[url] == "deleted"]
     folders = [storage.folder_of(fs, path) for path in doomed]
-    verified = sum(verdict == "ok" for *_, verdict in judged)
+    verified = sum(verdict == "ok" and series.has_number(manifests.model_name(path)) for path, _, verdict in judged)
     if verified < settings.keep_last:  # a WARNING when that is for want of good ones, not a young run
         log.log(
             logging.WARNING if verified < len(judged) else logging.INFO,
@@ -613,6 +629,12 @@ def carry_out(
             settings.keep_last,
         )
     if folders and not settings.dry_run:
+        log.info(
+            "prune: deleting %d checkpoints under %s (%d bytes)",
+            len(folders),
+            printable(storage.describe(fs, root)),
+            sum(folder.bytes for folder in folders),
+        )
         storage.remove_folders(fs, folders)
         for path in doomed:
             log.info("prune: deleted %s", printable(checkpoint_url(fs, path)))
@@ -651,13 +673,16 @@ def prune(
     Over :func:`find_checkpoints` (newest first), each checkpoint is verified in turn (hashed;
     ``quick``: names and sizes; ``attested``: the store's checksums where they vouch, as for
     :func:`integrity_fs.verify`; with ``public_key``, a checkpoint verifies only when its signature
-    does and names it) until ``keep_last`` have verified. Only checkpoints older than the oldest
-    of those are deleted: sealed ones (verified or damaged; their names and sizes are compared
-    with their manifest, their content is not read), and unsealed ones only with ``unsealed=True``;
-    invalid and changing ones are left. Nothing newer than the oldest kept checkpoint is ever
-    deleted, whatever its state (a save in progress, a damaged one). Fewer than ``keep_last``
-    verify: nothing is deleted (logged at WARNING). A storage error while judging any checkpoint
-    is raised before anything is deleted.
+    does and names it) until ``keep_last`` have verified. Only checkpoints certainly older than
+    every one of those are deleted (named alike but for their numbers, each number at most the
+    kept one's and one smaller: :mod:`integrity_fs.series`): sealed ones (verified or damaged;
+    their names and sizes are compared with their manifest, their content is not read), and
+    unsealed ones only with ``unsealed=True``; invalid and changing ones are left. Nothing newer
+    than the oldest kept checkpoint is ever deleted, whatever its state (a save in progress, a
+    damaged one); nor is a name without a number (``base_model``, ``final``), nor one whose age
+    against the kept ones is uncertain (other names, equal numbers: left, with a WARNING). Fewer
+    than ``keep_last`` verify: nothing is deleted (logged at WARNING). A storage error while
+    judging any checkpoint is raised before anything is deleted.
 
     Parameters
     ----------

@@ -22,7 +22,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import integrity_fs
 import integrity_fs as ifs
-from integrity_fs import MANIFEST_FILENAME, checkpoints, distributed
+from integrity_fs import MANIFEST_FILENAME, checkpoints, distributed, series
 
 MIXED = ["step_1000", "step_999", "global_step1000", "checkpoint-1000", "iter_0001000", "latest", "step_5", "step_10"]
 NEWEST_FIRST = [
@@ -633,10 +633,34 @@ def test_two_ranks_raise_a_storage_error_of_either_rank(two_ranks: Any, target: 
         (["b", "a", "step_0", "x_\u0663"], ["step_0", "a", "b", "x_\u0663"]),  # ASCII digits only
         (["step_00100", "step_100", "step_99"], ["step_00100", "step_100", "step_99"]),
         ([f"s{10**40}", f"s{10**40 - 1}"], [f"s{10**40}", f"s{10**40 - 1}"]),
+        # alike but for their numbers: the integer that differs tells the age, not the last one (16)
+        (
+            ["ckpt-1000-bf16", "ckpt-10000-bf16", "ckpt-2000-bf16", "ckpt-4000-bf16"],
+            ["ckpt-10000-bf16", "ckpt-4000-bf16", "ckpt-2000-bf16", "ckpt-1000-bf16"],
+        ),
+        (
+            ["iter_5000_rank0", "iter_900_rank0", "model-step100-fp16"],
+            ["iter_5000_rank0", "iter_900_rank0", "model-step100-fp16"],
+        ),
+        (
+            ["epoch_2_step_900", "epoch_1_step_500", "epoch_2_step_1000"],
+            ["epoch_2_step_1000", "epoch_2_step_900", "epoch_1_step_500"],
+        ),
     ],
 )
 def test_checkpoint_order(names: list[str], newest_first: list[str]) -> None:
-    assert sorted(names, key=checkpoints.checkpoint_order) == newest_first
+    assert series.newest_first(names) == newest_first
+
+
+def test_find_and_latest_verified_order_names_with_a_numeric_suffix_by_their_step(tmp_path: Path) -> None:
+    for step in (1000, 2000, 3000, 4000, 10000):
+        (tmp_path / f"ckpt-{step}-bf16").mkdir()
+        (tmp_path / f"ckpt-{step}-bf16" / "model.pt").write_bytes(os.urandom(100))
+        ifs.seal(tmp_path / f"ckpt-{step}-bf16")
+    found = [url.rsplit("/", 1)[-1] for url in ifs.find_checkpoints(tmp_path)]
+    assert found == ["ckpt-10000-bf16", "ckpt-4000-bf16", "ckpt-3000-bf16", "ckpt-2000-bf16", "ckpt-1000-bf16"]
+    latest = ifs.latest_verified(tmp_path)
+    assert latest is not None and latest[0] == str(tmp_path / "ckpt-10000-bf16")
 
 
 def test_status_full_reports_progress_as_one_total(tmp_path: Path) -> None:

@@ -321,6 +321,28 @@ def test_prune_json_and_fewer_verified_than_asked(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == [f"step_{n}" for n in range(1, 5)]
 
 
+def test_prune_match_and_keep(tmp_path: Path) -> None:
+    """--match: one run's checkpoints among others in the same directory; --keep: never deleted."""
+    root = _run_of(tmp_path / "run", range(1, 5))
+    for name in ("other_step_1", "other_step_2"):
+        shutil.copytree(root / "step_1", root / name)
+    proc = cli("prune", str(root), "--keep-last", "1", "--match", "step_[0-9]+", "--keep", "step_2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["kept"] == [str(root / "step_4"), str(root / "step_2")]
+    assert found["deleted"] == [str(root / "step_3"), str(root / "step_1")]
+    assert sorted(found["verdicts"]) == [str(root / f"step_{n}") for n in range(1, 5)]  # other_* not candidates
+    assert sorted(p.name for p in root.iterdir()) == ["other_step_1", "other_step_2", "step_2", "step_4"]
+    again = cli("prune", str(root), "--keep-last", "1", "--keep", str(root / "other_step_1"), "--dry-run")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[:-1] == [  # not alike: other_step_* are left; --keep is kept
+        "step_4        ok  kept",
+        "other_step_2  ok  left",
+        "step_2        ok  would delete",
+        "other_step_1  ok  kept",
+    ]
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -328,6 +350,7 @@ def test_prune_json_and_fewer_verified_than_asked(tmp_path: Path) -> None:
         ["--keep-last", "two"],
         [],  # --keep-last is required
         ["--keep-last", "1", "--quick", "--attested"],
+        ["--keep-last", "1", "--match", "step_("],
     ],
 )
 def test_prune_bad_arguments_are_usage_errors(tmp_path: Path, args: list[str]) -> None:

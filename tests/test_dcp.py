@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import random
 import re
 import shutil
@@ -877,3 +878,56 @@ def test_async_save_with_keep_last_prunes_once_the_save_completed(tmp_path: Path
     assert [ifs.verify(root / f"step_{n}").ok for n in (3, 5)] == [True, True]
     with pytest.raises(ValueError, match="keep_last must be at least 1"):
         dcp.HashingFsspecWriter(str(root / "step_6"), keep_last=0)
+
+
+def _save_keeping(how: str, url: str, **options: Any) -> None:
+    """A save with ``keep_last``: ``dcp.save``, or torch's own ``async_save`` with the writer."""
+    if how == "save":
+        dcp.save(_state(), url, **options)
+    else:
+        torch_dcp.async_save(_state(), storage_writer=dcp.HashingFsspecWriter(url, **options)).result()
+
+
+def _sealed_folder(path: Path, **options: Any) -> None:
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(os.urandom(1000))
+    ifs.seal(path, **options)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("how", ["save", "writer"])
+def test_keep_last_prunes_only_folders_named_like_the_saved_one(tmp_path: Path, how: str) -> None:
+    """A sealed base model, a final export and another run's checkpoints beside the run's are not its
+    checkpoints: never candidates."""
+    root = tmp_path / "run"
+    for name in ("base_model", "final", "other_step_1", "other_step_2"):
+        _sealed_folder(root / name)
+    for n in (1, 2, 3):
+        _save_keeping(how, str(root / f"step_{n}"), keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "base_model",
+        "final",
+        "other_step_1",
+        "other_step_2",
+        "step_2",
+        "step_3",
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("how", ["save", "writer"])
+def test_a_signed_save_keeps_the_checkpoints_its_key_signed(tmp_path: Path, how: str) -> None:
+    """Two sealed but unsigned folders dropped into a signing run do not count as good ones: the
+    genuine checkpoints stay, the unsigned ones are left (newer than the oldest kept)."""
+    private, public = _key_files(tmp_path)
+    root = tmp_path / "run"
+    for n in (1, 2, 3):
+        _save_keeping(how, str(root / f"step_{n}"), private_key=private, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]
+    for n in (8, 9):  # someone without the key
+        _sealed_folder(root / f"step_{n}")
+    _save_keeping(how, str(root / "step_4"), private_key=private, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4", "step_8", "step_9"]
+    for n in (3, 4):
+        assert ifs.verify(root / f"step_{n}", public_key=public, expected_name=f"step_{n}").ok
+    assert dcp.HashingFsspecWriter(str(tmp_path / "x"), private_key=private).public_key is not None

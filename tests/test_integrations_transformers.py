@@ -289,6 +289,25 @@ def test_keep_last_keeps_the_best_model_checkpoint(tmp_path: Path) -> None:
     assert ifs.verify(best).ok
 
 
+def test_keep_last_with_a_key_counts_only_the_checkpoints_it_signed(tmp_path: Path) -> None:
+    """Two sealed, unsigned checkpoint-N folders dropped into a signing run's output directory
+    (by someone without the key) do not count as good ones: the run's own stay."""
+    pytest.importorskip("cryptography")
+    key, pub = _keys(tmp_path, "run")
+    out = tmp_path / "out"
+    for step in (100, 200):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"not a checkpoint")
+        ifs.seal(out / f"checkpoint-{step}")
+    callback = IntegrityCallback(key, keep_last=2)
+    trainer(out, [callback]).train()  # saves 2, 4, 6
+    assert _checkpoints(out) == ["checkpoint-4", "checkpoint-6", "checkpoint-100", "checkpoint-200"]
+    assert [ifs.verify(out / f"checkpoint-{n}", public_key=pub).ok for n in (4, 6)] == [True, True]
+    last = callback.pruned[-1]
+    assert last.verdicts[str(out / "checkpoint-200")] == "damaged"  # unsigned: no model.sig
+    assert last.kept == (str(out / "checkpoint-6"), str(out / "checkpoint-4"))
+
+
 def test_keep_last_with_save_total_limit_warns(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="save_total_limit=None"):
         trainer(tmp_path / "out", [IntegrityCallback(keep_last=2)], save_total_limit=3)

@@ -125,6 +125,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict
             (pruned / f"step_{step}" / name).write_bytes(content)
         integrity_fs.seal(pruned / f"step_{step}", granularity="chunk", chunk_size=CHUNK)
     (pruned / "step_3" / "shard_2.bin").write_bytes(b"x" + data["shard_2.bin"][1:])
+    shutil.copytree(pruned / "step_1", pruned / "export_1")  # sealed, but not one of --match's
     (root / "unsealed" / "ckpt").mkdir(parents=True)
     (root / "unsealed" / "ckpt" / "w.bin").write_bytes(b"weights")
 
@@ -149,7 +150,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> dict
         "s3-latest": {"argv": ["latest", f"s3://{s3_root}", *o]},
         "status": {"argv": ["status", str(damaged), "--full", "--json"]},
         "status-table": {"argv": ["status", str(run), "--full"]},
-        "prune": {"argv": ["prune", str(pruned), "--keep-last", "1", "--json"]},
+        "prune": {"argv": ["prune", str(pruned), "--keep-last", "1", "--match", "step_[0-9]+", "--json"]},
         "prune-missing": {"argv": ["prune", str(root / "typo"), "--keep-last", "1"]},
     }
     outcomes = launch_commands(root / "rec", commands)
@@ -217,7 +218,8 @@ def test_prune_under_torchrun_agrees_on_the_verdicts_and_deletes_once(launched: 
     result = json.loads(prune.stdout)  # printed once, by rank 0
     assert result["kept"] == [str(pruned / "step_2")] and result["deleted"] == [str(pruned / "step_1")]
     assert result["left"] == [str(pruned / "step_3")] and result["verdicts"][str(pruned / "step_3")] == "damaged"
-    assert sorted(p.name for p in pruned.iterdir()) == ["step_2", "step_3"]
+    assert sorted(p.name for p in pruned.iterdir()) == ["export_1", "step_2", "step_3"]
+    assert str(pruned / "export_1") not in result["verdicts"]  # --match reached every rank's prune
     assert all(r["hashed"] for r in prune.ranks)  # the hashing of step_3 and step_2 is shared
     missing: Outcome = launched["prune-missing"]
     assert [r["code"] for r in missing.ranks] == [4, 4] and missing.stderr.count("integrity-fs: error:") == 1

@@ -8,12 +8,14 @@ import dataclasses
 import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,62 @@ def test_keep_and_match(local_and_s3: Backend) -> None:
     assert result.deleted == _urls(local_and_s3, "step_3")
     assert _url(local_and_s3, "final-9") not in result.verdicts
     assert _folders(local_and_s3) == {"final-9", "step_1", "step_2", "step_4"}
+
+
+def test_names_alike_but_for_their_numbers_are_aged_by_the_number_that_differs(local_and_s3: Backend) -> None:
+    """ckpt-1000-bf16 ... ckpt-10000-bf16: the 16 they all end with says nothing about their age."""
+    _run(local_and_s3, *(f"ckpt-{step}-bf16" for step in (1000, 2000, 3000, 4000, 10000)))
+    result = _prune(local_and_s3, keep_last=2)
+    assert result.kept == _urls(local_and_s3, "ckpt-10000-bf16", "ckpt-4000-bf16")
+    assert result.deleted == _urls(local_and_s3, "ckpt-3000-bf16", "ckpt-2000-bf16", "ckpt-1000-bf16")
+    assert _folders(local_and_s3) == {"ckpt-10000-bf16", "ckpt-4000-bf16"}
+
+
+def test_names_without_a_number_are_never_deleted(local_and_s3: Backend) -> None:
+    """A sealed base model or final export beside the checkpoints has no age: left, with its verdict."""
+    _run(local_and_s3, "base_model", "final", "step_1", "step_2", "step_3")
+    local_and_s3.truncate("final/model.bin", 10)
+    result = _prune(local_and_s3, keep_last=1)
+    assert result.kept == _urls(local_and_s3, "step_3")
+    assert result.deleted == _urls(local_and_s3, "step_2", "step_1")
+    assert result.left == _urls(local_and_s3, "base_model", "final")
+    assert result.verdicts[_url(local_and_s3, "base_model")] == "ok"
+    assert result.verdicts[_url(local_and_s3, "final")] == "damaged"
+    assert _folders(local_and_s3) == {"base_model", "final", "step_3"}
+
+
+def test_an_uncertain_order_deletes_none_of_the_uncertain_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only what is certainly older than every kept checkpoint goes: equal numbers, names of
+    another kind and numbers that disagree are left, each with a WARNING saying why."""
+    for root, names in (
+        ("a", ("step_1", "step_2", "step_3", "step_03", "model_2")),
+        ("b", ("run1_step_100", "run1_step_200", "run2_step_150")),
+    ):
+        for name in names:
+            (tmp_path / root / name).mkdir(parents=True)
+            (tmp_path / root / name / "model.bin").write_bytes(os.urandom(100))
+            ifs.seal(tmp_path / root / name)
+
+    a = ifs.prune(tmp_path / "a", keep_last=1)
+    assert a.kept == (str(tmp_path / "a" / "step_03"),)
+    assert a.deleted == tuple(str(tmp_path / "a" / n) for n in ("step_2", "step_1"))
+    assert a.left == tuple(str(tmp_path / "a" / n) for n in ("step_3", "model_2"))
+    b = ifs.prune(tmp_path / "b", keep_last=1)
+    assert b.kept == (str(tmp_path / "b" / "run1_step_200"),)
+    assert b.deleted == (str(tmp_path / "b" / "run1_step_100"),)
+    assert b.left == (str(tmp_path / "b" / "run2_step_150"),)  # run2 is higher, step 150 lower: no order
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(": ", 1)[1] for w in warnings if "not certainly older" in w] == [
+        "leaving " + str(tmp_path / "a" / "step_3") + ", not certainly older than those kept: "
+        "'step_3' and 'step_03' have the same numbers",
+        "leaving " + str(tmp_path / "a" / "model_2") + ", not certainly older than those kept: "
+        "'model_2' and 'step_03' are not named alike but for their numbers",
+        "leaving " + str(tmp_path / "b" / "run2_step_150") + ", not certainly older than those kept: "
+        "the numbers of 'run2_step_150' and 'run1_step_200' disagree on which is newer",
+    ]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["model_2", "step_03", "step_3"]
 
 
 def test_hidden_and_staging_folders_are_never_touched(local_and_s3: Backend) -> None:
@@ -480,6 +538,49 @@ def test_local_links_are_removed_never_followed(tmp_path: Path) -> None:
     assert result.bytes_freed == 500 + manifest  # links free nothing: only step_2's own file and manifest
 
 
+class _SwapForLink(logging.Handler):
+    """Another writer in the window between prune's listing of the folders it deletes and their
+    deletion: replaces ``victim`` by a link to ``target``, once prune says it is deleting."""
+
+    def __init__(self, victim: Path, target: Path) -> None:
+        super().__init__(logging.INFO)
+        self.victim, self.target, self.swapped = victim, target, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("prune: deleting ") and not self.swapped:
+            shutil.rmtree(self.victim)
+            self.victim.symlink_to(self.target, target_is_directory=True)
+            self.swapped = True
+
+
+def test_a_folder_swapped_for_a_link_after_it_was_listed_is_unlinked_not_followed(tmp_path: Path) -> None:
+    keys = make_keys(tmp_path)
+    precious = tmp_path / "outside" / "precious"
+    precious.mkdir(parents=True)
+    (precious / "model.bin").write_bytes(b"elsewhere" * 100)
+    ifs.seal(precious, private_key=keys.private)
+    before = sorted(p.name for p in precious.iterdir())
+    root = tmp_path / "run"
+    for n in (1, 2, 3):
+        (root / f"step_{n}").mkdir(parents=True)
+        (root / f"step_{n}" / "model.bin").write_bytes(os.urandom(100))
+        ifs.seal(root / f"step_{n}")
+    logger = logging.getLogger("integrity_fs")
+    swap, level = _SwapForLink(root / "step_1", precious), logger.level
+    logger.addHandler(swap)
+    logger.setLevel(logging.INFO)
+    try:
+        result = ifs.prune(root, keep_last=2)
+    finally:
+        logger.removeHandler(swap)
+        logger.setLevel(level)
+    assert swap.swapped
+    assert result.deleted == (str(root / "step_1"),)
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]  # the link went
+    assert sorted(p.name for p in precious.iterdir()) == before  # its target kept its manifest and signature
+    assert ifs.verify(precious, public_key=keys.public).ok
+
+
 class _CountingS3(s3fs.S3FileSystem):  # type: ignore[misc]
     """Real S3 (moto), counting the requests of each kind."""
 
@@ -509,6 +610,72 @@ def test_s3_deletes_in_batches_folder_markers_included(s3_backend: Backend) -> N
     assert s3_backend.fs.find(s3_backend.path("step_1"), withdirs=True) == []  # the folder markers too
     assert _folders(s3_backend) == {"step_5"}
     assert result.bytes_freed == held
+
+
+class _GoogleGCS(gcsfs.GCSFileSystem):  # type: ignore[misc]
+    """gcsfs as it talks to Google Cloud Storage, which deletes in batch requests (to emulators it
+    sends one request per object); the emulator answers gcsfs's batch requests as Google does."""
+
+    on_google = True
+
+
+def test_gcs_batch_deletion_on_google(gcs_backend: Backend) -> None:
+    """Deleted objects come back by name, and one deleted by someone else meanwhile ("No such
+    object") is no failure."""
+    _run(gcs_backend, "step_1", "step_2", "step_3")
+    fs = _GoogleGCS(skip_instance_cache=True, **gcs_backend.storage_options)
+    logger = logging.getLogger("integrity_fs")
+    gone = _Vanish(lambda: gcs_backend.remove("step_1/sub/optim.bin"))
+    logger.addHandler(gone)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        result = ifs.prune(gcs_backend.root, keep_last=1, fs=fs)
+    finally:
+        logger.removeHandler(gone)
+        logger.setLevel(level)
+    assert gone.done and result.deleted == _urls(gcs_backend, "step_2", "step_1")
+    gcs_backend.fs.invalidate_cache()
+    assert _folders(gcs_backend) == {"step_3"}
+
+
+def test_a_failed_gcs_batch_request_is_a_storage_error_and_deletes_nothing_more(
+    gcs_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulator refuses every batch request as a whole (403, as Cloud Storage does for a
+    caller it does not let in): gcsfs gives one outcome for the batch, not one per object."""
+    from gcp_storage_emulator import server
+
+    def refuse(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> None:
+        response.status = HTTPStatus.FORBIDDEN
+        response.json({"error": {"code": 403, "message": "batch refused (injected)"}})
+
+    route = (f"^{server.settings.BATCH_API_ENDPOINT}$", {server.POST: refuse})
+    _run(gcs_backend, "step_1", "step_2", "step_3")
+    before = {name: gcs_backend.read(name) for name in gcs_backend.listdir()}
+    fs = _GoogleGCS(skip_instance_cache=True, **gcs_backend.storage_options)
+    monkeypatch.setattr(server, "HANDLERS", (route, *server.HANDLERS))
+    with pytest.raises(OSError, match="could not delete .*step_[12]/_integrity_manifest.json.*injected") as err:
+        ifs.prune(gcs_backend.root, keep_last=1, fs=fs)
+    assert not isinstance(err.value, FileNotFoundError)
+    monkeypatch.undo()
+    gcs_backend.fs.invalidate_cache()
+    assert {name: gcs_backend.read(name) for name in gcs_backend.listdir()} == before
+    for name in ("step_1", "step_2"):  # still sealed: no file went before its manifest
+        assert ifs.verify(_url(gcs_backend, name), storage_options=gcs_backend.storage_options).ok
+
+
+class _Vanish(logging.Handler):
+    """Runs ``change`` once prune has listed what it deletes, before it deletes it."""
+
+    def __init__(self, change: Any) -> None:
+        super().__init__(logging.INFO)
+        self.change, self.done = change, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("prune: deleting ") and not self.done:
+            self.change()
+            self.done = True
 
 
 def test_the_default_is_to_hash_and_a_storage_error_is_no_verdict(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -228,6 +229,15 @@ def sign_arguments(parser: argparse.ArgumentParser) -> None:
     add_sign_key(parser, "--key", required=True)
 
 
+def regex(text: str) -> str:
+    """argparse type: a regular expression (checked here, so that a bad one is exit 2 at once)."""
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+    return text
+
+
 def attested_value(text: str) -> bool | str:
     """``--attested``'s value: none (``True``), or ``crc``."""
     if text in ("crc", "CRC"):
@@ -347,6 +357,19 @@ def prune_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="crc",
         help="S3, GCS: confirm files unread whose store-kept checksum vouches for them (as verify --attested); "
         "the rest are hashed",
+    )
+    parser.add_argument(
+        "--match",
+        type=regex,
+        metavar="REGEX",
+        help="only folders whose whole name matches REGEX are candidates (e.g. 'step_[0-9]+'); others are not touched",
+    )
+    parser.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="never delete this checkpoint (a name, path or URL; kept when it verifies); repeatable",
     )
     add_public_key(parser, "a checkpoint without such a signature, or signed as another, does not verify")
     add_json(parser, "the result")

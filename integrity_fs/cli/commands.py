@@ -206,6 +206,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             unsealed=args.unsealed,
             dry_run=args.dry_run,
             public_key=key,
+            keep=args.keep,
+            match=args.match,
             storage_options=options,
             max_workers=args.workers,
             callback=run.callback,
@@ -420,9 +422,11 @@ COMMANDS: list[Command] = [
         cmd_prune,
         "delete old checkpoints, keeping the N newest that verify",
         "Verifies the checkpoints under ROOT newest first (hashing, unless --quick or --attested) until N\n"
-        "have verified, keeps those, and deletes only checkpoints older than the oldest of them: sealed\n"
-        "ones (verified or damaged), and unsealed ones with --unsealed. Nothing newer than the oldest\n"
-        "kept checkpoint is deleted, whatever its state; with fewer than N that verify, nothing is.\n"
+        "have verified, keeps those, and deletes only checkpoints certainly older than each of them\n"
+        "(named alike but for their numbers, each number at most the kept one's): sealed ones (verified\n"
+        "or damaged), and unsealed ones with --unsealed. Nothing newer than the oldest kept checkpoint\n"
+        "is deleted, whatever its state, nor a name without a number; with fewer than N that verify,\n"
+        "nothing is. --match limits the candidates to one series of names, --keep protects one.\n"
         "Each is deleted manifest first, so an interrupted prune leaves unsealed folders. Exits 0 when\n"
         "done (also when nothing was deleted), 4 on a storage error (nothing deleted when it came\n"
         "while judging).\n\n"
@@ -430,6 +434,7 @@ COMMANDS: list[Command] = [
             "prune s3://bucket/run --keep-last 3 --dry-run   # what it would delete",
             "prune s3://bucket/run --keep-last 3 --attested  # the store's checksums instead of reads",
             "prune ./run --keep-last 2 --unsealed --json",
+            "prune ./out --keep-last 2 --match 'step_[0-9]+' --keep step_5000   # one run's; step_5000 stays",
         ),
         prune_arguments,
     ),

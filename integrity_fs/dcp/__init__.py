@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import signing, storage
-from ..checkpoints import check_keep_last, newest_that, signed_name, skip_reason
+from ..checkpoints import check_keep_last, newest_that, same_series, signed_name, skip_reason
 from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of, name_ranks
 from ..distributed import agreed_candidates
 from ..distributed import prune as collective_prune
@@ -85,8 +85,13 @@ def save(
     the same collective (:func:`integrity_fs.distributed.prune`, ``attested=True``: on S3 the
     checkpoints ``save`` wrote are confirmed from their store checksums, elsewhere hashed, shared
     across the ranks), keeping the ``keep_last`` newest checkpoints that verify and never deleting
-    the one just written. It is checked (at least 1, the same on every rank) before anything is
-    written. A prune that fails raises on every rank, the new checkpoint sealed all the same.
+    the one just written. Only folders named like ``url``'s, but for their numbers, are candidates
+    (``step_[0-9]+`` for ``run/step_100``): a base model, a ``final`` export or another run's
+    checkpoints beside them are never touched. With ``private_key``, a checkpoint verifies only
+    when its signature verifies with the key's public key and names it: unsigned folders dropped
+    into the run never count as good ones. It is checked (at least 1, the same on every rank)
+    before anything is written. A prune that fails raises on every rank, the new checkpoint
+    sealed all the same.
     """
     g = group_of(process_group)
 
@@ -132,7 +137,9 @@ def save(
             keep_last=keep_last,
             group=process_group,
             attested=True,
+            public_key=writer.public_key,
             keep=[path],
+            match=same_series(path),
             fs=fs,
         )
     return manifest

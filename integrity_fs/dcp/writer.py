@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .. import manifests, signing, storage
-from ..checkpoints import check_keep_last, prune
+from ..checkpoints import check_keep_last, prune, same_series
 from ..collectives import INSTALL_HINT
 from ..hashing import DEFAULT_ALGORITHM, Unit, chunk_range
 from ..manifest import Manifest
@@ -74,9 +74,11 @@ class HashingFsspecWriter(FsspecWriter):
     ``keep_last`` (for DCP's ``async_save``, which runs ``finish`` once every rank's part is
     written): once the manifest is written, the coordinator prunes the run's directory (the
     checkpoint's parent) with :func:`integrity_fs.prune` (``attested=True``), keeping the
-    ``keep_last`` newest checkpoints that verify and never deleting the one just written; a
-    prune that fails fails the save (the checkpoint is sealed by then). :func:`integrity_fs.dcp.save`
-    takes ``keep_last`` itself and prunes collectively instead.
+    ``keep_last`` newest checkpoints that verify and never deleting the one just written; only
+    folders named like this one but for their numbers are candidates, and with ``private_key``
+    only checkpoints whose signature verifies with its public key (:attr:`public_key`) count as
+    good. A prune that fails fails the save (the checkpoint is sealed by then).
+    :func:`integrity_fs.dcp.save` takes ``keep_last`` itself and prunes collectively instead.
     """
 
     def __init__(
@@ -108,6 +110,12 @@ class HashingFsspecWriter(FsspecWriter):
         self.granularity = granularity
         self.chunk_size = chunk_size
         self.manifest: Manifest | None = None
+
+    @property
+    def public_key(self) -> Any:
+        """The public key of ``private_key`` (``None`` without one): what this writer's
+        signatures verify with, and what its ``keep_last`` prune checks them with."""
+        return None if self._signing_pem is None else signing.load_private_key(self._signing_pem).public_key()
 
     @property
     def hashing(self) -> str:
@@ -160,7 +168,15 @@ class HashingFsspecWriter(FsspecWriter):
         computed = {f.name: f.checksums for f in files if f.checksums}
         storage.record_written(fs, root, manifest, computed, signed=self._signing_pem is not None)
         if self.keep_last is not None:
-            prune(storage.parent(root), keep_last=self.keep_last, attested=True, keep=[root], fs=fs)
+            prune(
+                storage.parent(root),
+                keep_last=self.keep_last,
+                attested=True,
+                public_key=self.public_key,
+                keep=[root],
+                match=same_series(root),
+                fs=fs,
+            )
 
     def _written_files(self) -> list[WrittenFile]:
         prefix = os.fspath(self.path).rstrip("/") + "/"

@@ -67,7 +67,8 @@ class IntegrityCallback(TrainerCallback):
     folders this callback sealed, in order.
 
     ``keep_last``: after each seal, prune ``output_dir``'s ``checkpoint-N`` folders, keeping the
-    ``keep_last`` newest that verify (every file hashed) and ``state.best_model_checkpoint``;
+    ``keep_last`` newest that verify (every file hashed; with ``private_key``, only those whose
+    signature verifies with its public key and names them) and ``state.best_model_checkpoint``;
     other folders are never touched. ``pruned`` lists what each prune did. Under a distributed
     Trainer every process takes part (the hashing is shared) and the process that saves deletes.
     """
@@ -119,7 +120,11 @@ class IntegrityCallback(TrainerCallback):
             return
         keep = [folder] + ([state.best_model_checkpoint] if state.best_model_checkpoint else [])
         result = collective_prune(
-            str(args.output_dir), keep_last=self.keep_last, keep=keep, match=CHECKPOINT_NAME.pattern
+            str(args.output_dir),
+            keep_last=self.keep_last,
+            public_key=None if self._key is None else self._key.public_key(),
+            keep=keep,
+            match=CHECKPOINT_NAME.pattern,
         )
         self.pruned.append(result)
 

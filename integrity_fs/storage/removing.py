@@ -8,12 +8,14 @@ files goes), then their files, then the folders. A deletion that is interrupted 
 unsealed folders behind, never a sealed one with files missing.
 
 - Local disks: links are removed, never followed. A checkpoint folder that is a symlink is
-  unlinked (what it points to is not touched); inside a folder, the tree is removed with
-  ``shutil.rmtree``, which never descends a link (it unlinks it) and resists a directory swapped
-  for a link meanwhile. Directories are fsynced after the manifests go.
+  unlinked (what it points to is not touched), also when it became one after it was listed: the
+  manifests are deleted relative to the folder opened with ``O_NOFOLLOW``, and that descriptor is
+  fsynced after; inside a folder, the tree is removed with ``shutil.rmtree``, which never
+  descends a link (it unlinks it).
 - S3: DeleteObjects, up to 1,000 keys a request, folder markers included.
-- GCS: gcsfs's batch deletion (100 objects a request on Google Cloud Storage; one request per
-  object where the endpoint has no batch API, as emulators).
+- GCS: gcsfs's batch deletion on Google Cloud Storage (100 objects a request), whose outcomes are
+  paired with the paths by the names they give, not by position; one request per object
+  elsewhere (emulators).
 - Other filesystems (memory, ...): one file at a time, then the directories, deepest first.
 """
 
@@ -21,10 +23,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import logging
 import os
+import re
 import shutil
 import stat
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +55,9 @@ __all__ = ["METADATA_ORDER", "Folder", "folder_of", "remove_folders"]
 METADATA_ORDER = (SIGNATURE_FILENAME, MANIFEST_FILENAME, CHECKSUMS_FILENAME)
 
 log = logging.getLogger("integrity_fs")
+
+#: Whether local folders can be opened without following a link and files unlinked relative to them.
+_FOLDER_FDS = hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY") and {os.open, os.unlink} <= os.supports_dir_fd
 
 #: Deletions in flight at once where each object takes a request of its own.
 _DELETERS = 16
@@ -130,10 +138,11 @@ def remove_folders(fs: fsspec.AbstractFileSystem, folders: Sequence[Folder]) -> 
     Raises ``OSError`` (naming what was left) at the first step that does not complete; the
     steps after it are not taken, so a folder whose manifest could not be deleted keeps its files.
     """
-    metadata = [p for folder in folders for p in folder.files[: folder.metadata]]
-    _delete(fs, metadata, "the manifests and signatures")
     if is_local(fs):
-        sync_dirs(sorted({folder.path for folder in folders if not folder.link}))
+        for folder in folders:
+            _unseal_local(folder)
+    else:
+        _delete(fs, [p for folder in folders for p in folder.files[: folder.metadata]], "the manifests and signatures")
     log.info("unsealed %d checkpoints (their manifests and signatures deleted); deleting their files", len(folders))
     if is_local(fs):
         for folder in folders:
@@ -152,11 +161,6 @@ def _delete(fs: fsspec.AbstractFileSystem, paths: list[str], what: str) -> None:
     """Delete files (those already gone are fine); ``OSError`` when any is left."""
     if not paths:
         return
-    if is_local(fs):
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        return
     errors: list[str] = []
     if s3.is_s3(fs):
         left = s3.delete_objects(fs, paths, errors=errors)
@@ -173,20 +177,38 @@ def _delete(fs: fsspec.AbstractFileSystem, paths: list[str], what: str) -> None:
 
 
 def _delete_gcs(fs: fsspec.AbstractFileSystem, paths: list[str], errors: list[str]) -> list[str]:
-    """gcsfs's own batched deletion where it has one; one request per object otherwise."""
-    batched: Any = getattr(fs, "_delete_files", None)
-    if batched is None:
-        return _delete_each(fs, paths, errors)
+    """gcsfs's batched deletion on Google Cloud Storage; one request per object elsewhere
+    (emulators, where gcsfs sends one request per object too)."""
     fs_: Any = fs
+    if not getattr(fs_, "on_google", False):
+        return _delete_each(fs, paths, errors)
     with storage_errors(f"deleting {len(paths)} objects"):
-        outcomes = sync(fs_.loop, batched, paths, 100)
-    left = []
-    for path, outcome in zip(paths, outcomes, strict=True):
-        if isinstance(outcome, Exception) and not isinstance(outcome, FileNotFoundError):
-            if "No such object" in str(outcome):
-                continue
-            left.append(path)
-            errors.append(f"{type(outcome).__name__}: {outcome}")
+        outcomes = sync(fs_.loop, fs_._delete_files, paths, 100)
+    return _batch_left(paths, outcomes, errors)
+
+
+#: How Cloud Storage says that an object to delete is not there (already deleted: fine).
+_NO_SUCH_OBJECT = re.compile(r"No such object: ([^\s\"\\]+)")
+
+
+def _batch_left(paths: Sequence[str], outcomes: Sequence[object], errors: list[str]) -> list[str]:
+    """The ``paths`` that gcsfs's batch deletion on Cloud Storage did not delete, from its
+    ``outcomes``; the failures' messages are added to ``errors``.
+
+    Outcomes are not one per path in order: a deleted object comes back as its path; an object
+    that could not be deleted as an exception whose message may not name it; a batch request
+    that failed as a whole as one exception for up to 100 paths; and retried paths come after
+    the others. So a path is done only when it came back, or a "No such object" names it; every
+    other path is left.
+    """
+    done = {o for o in outcomes if isinstance(o, str)}
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    gone = {urllib.parse.unquote(name) for o in failures for name in _NO_SUCH_OBJECT.findall(str(o))}
+    left = [p for p in paths if p not in done and p not in gone]
+    if left:
+        errors.extend(f"{type(o).__name__}: {o}" for o in failures if not _NO_SUCH_OBJECT.search(str(o)))
+        if not errors:
+            errors.append(f"no outcome for {len(left)} of {len(paths)} objects in gcsfs's batch deletion")
     return left
 
 
@@ -206,6 +228,45 @@ def _delete_each(fs: fsspec.AbstractFileSystem, paths: list[str], errors: list[s
         return [p for p, ok in zip(paths, pool.map(gone, paths), strict=True) if not ok]
 
 
+def _unseal_local(folder: Folder) -> None:
+    """Delete a local folder's metadata (:data:`METADATA_ORDER`) and fsync it, through the folder
+    opened without following a link: a folder swapped for a link since it was listed has none
+    deleted (the link itself goes with :func:`_remove_local_tree`), nothing outside it is touched."""
+    if folder.link or not folder.metadata:
+        return
+    if not _FOLDER_FDS:  # no descriptor-relative calls (Windows): by path, once the folder is no link
+        if not os.path.islink(folder.path):
+            for path in folder.files[: folder.metadata]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        return
+    parent, name = os.path.split(folder.path.rstrip("/"))
+    try:
+        parent_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:  # the run's directory went meanwhile, and the folder with it
+        return
+    try:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):  # gone, or now a link or a file
+                return
+            raise
+    finally:
+        os.close(parent_fd)
+    try:
+        for path in folder.files[: folder.metadata]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.basename(path), dir_fd=fd)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a filesystem that cannot fsync a directory
+                raise
+    finally:
+        os.close(fd)
+
+
 def _remove_local_tree(folder: Folder) -> None:
     """Unlink a linked folder; remove a real one without following any link inside it."""
     path = folder.path
@@ -217,10 +278,16 @@ def _remove_local_tree(folder: Folder) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
-    if stat.S_ISLNK(st.st_mode):  # swapped for a link since it was listed: the link alone goes
-        os.unlink(path)
-        return
-    shutil.rmtree(path)
+    if not stat.S_ISLNK(st.st_mode):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # rmtree refuses a folder that became a link after its own check
+            if not os.path.islink(path):
+                raise
+    os.unlink(path)  # swapped for a link since it was listed: the link alone goes
 
 
 def _remove_dirs(fs: fsspec.AbstractFileSystem, path: str) -> None:
