@@ -183,7 +183,15 @@ def _delete_gcs(fs: fsspec.AbstractFileSystem, paths: list[str], errors: list[st
     if not getattr(fs_, "on_google", False):
         return _delete_each(fs, paths, errors)
     with storage_errors(f"deleting {len(paths)} objects"):
-        outcomes = sync(fs_.loop, fs_._delete_files, paths, 100)
+        if hasattr(fs_, "_delete_files"):
+            outcomes = sync(fs_.loop, fs_._delete_files, paths, 100)
+        else:  # gcsfs 2024: one batch request of up to 100 paths at a time, by its own _rm_files
+            outcomes = []
+            for start in range(0, len(paths), 100):
+                try:
+                    outcomes += sync(fs_.loop, fs_._rm_files, paths[start : start + 100])
+                except Exception as exc:  # a batch that failed as a whole: every path of it is left
+                    outcomes.append(exc)
     return _batch_left(paths, outcomes, errors)
 
 

@@ -95,11 +95,14 @@ def bucket_and_key(fs: fsspec.AbstractFileSystem, path: str) -> tuple[str, str]:
 
     s3fs's ``split_path`` cuts a key at ``?versionId=`` (version_aware or not), so a file named
     ``w?versionId=1`` would be read as ``w``: another object. S3 keys may hold that text; our
-    paths never carry a version id.
+    paths never carry a version id. Before 2025 it also cut the ``/`` that ends a folder marker's
+    key (``a/``): it is put back.
     """
     head, mark, tail = path.partition(_VERSION_MARK)
     fs_: Any = fs
     bucket, key, _ = fs_.split_path(head)
+    if head.endswith("/") and key and not key.endswith("/"):
+        key += "/"
     return bucket, key + mark + tail
 
 
