@@ -380,13 +380,13 @@ class _HashingFileSystem(_FsspecFileSystem):
             with super().create_stream(path, mode) as raw:
                 yield raw
             return
-        local = os.fspath(path)
+        local = storage.local_path(self.fs, path)
         with os.fdopen(storage.create_beneath(os.path.dirname(local), local), "wb") as raw:
             yield raw
 
     def rename(self, path: URL, new_path: URL) -> None:
         if storage.is_local(self.fs):  # the entry at new_path replaced, never a link or folder followed
-            os.replace(os.fspath(path), os.fspath(new_path))
+            os.replace(storage.local_path(self.fs, path), storage.local_path(self.fs, new_path))
         elif self._checksums:
             # S3 has no rename but a copy (DCP renames .metadata.tmp): ask S3 for the copy's SHA-256,
             # so that a file written in one PUT stays attestable whatever the store's copy default.
@@ -401,7 +401,11 @@ class _HashingFileSystem(_FsspecFileSystem):
                 self._written[os.fspath(new_path)] = self._written.pop(os.fspath(path))
 
     def rm_file(self, path: URL) -> None:
-        super().rm_file(path)
+        if storage.is_local(self.fs):  # a link is unlinked, never followed (nor refused as a folder)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(storage.local_path(self.fs, path))
+        else:
+            super().rm_file(path)
         with self._lock:
             self._written.pop(os.fspath(path), None)
 

@@ -25,7 +25,19 @@ from .local import create_beneath, unlink_beneath
 from .read import BLOCK_SIZE, ProgressFn, Range, Sink, fresh_size, hash_range, open_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
 from .removing import METADATA_ORDER, Folder, folder_of, remove_folders
-from .urls import Place, beneath_caches, describe, is_local, join, local_filesystem, overlap, parent, place, resolve
+from .urls import (
+    Place,
+    beneath_caches,
+    describe,
+    is_local,
+    join,
+    local_filesystem,
+    local_path,
+    overlap,
+    parent,
+    place,
+    resolve,
+)
 from .write import (
     SealingWriter,
     Written,
@@ -81,6 +93,7 @@ __all__ = [
     "list_files",
     "listed_states",
     "local_filesystem",
+    "local_path",
     "make_local_parent",
     "makedirs",
     "object_checksums",

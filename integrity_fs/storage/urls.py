@@ -33,6 +33,7 @@ __all__ = [
     "is_local",
     "join",
     "local_filesystem",
+    "local_path",
     "overlap",
     "parent",
     "place",
@@ -131,6 +132,12 @@ def parent(path: str) -> str:
 def describe(fs: fsspec.AbstractFileSystem, root: str) -> str:
     """A URL for messages: ``s3://bucket/run`` or a plain local path."""
     return root if is_local(fs) else str(fs.unstrip_protocol(root))
+
+
+def local_path(fs: fsspec.AbstractFileSystem, path: str | os.PathLike[str]) -> str:
+    """The path on disk of ``path`` of the local filesystem ``fs``, also when it is given as a URL
+    (``file://…``, ``local://…``: DCP joins its file names to the URL it was given)."""
+    return str(fs._strip_protocol(os.fspath(path)))
 
 
 def local_filesystem() -> fsspec.AbstractFileSystem:
