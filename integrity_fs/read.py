@@ -352,6 +352,29 @@ class VerifiedFile(io.RawIOBase):
                 self._drop(index)
             self._region = position
 
+    def region(self, offset: int, length: int) -> memoryview:
+        """The verified bytes ``[offset, offset + length)``, read-only: a view of the unit that holds
+        them all when one does (no copy), else of a new object they were copied into. Units are
+        never written to again, so the view is right for as long as it is kept (it keeps its
+        unit's bytes alive). The position moves to the region's end; a region that starts where
+        the last read ended, or where :meth:`release_before` put the next one, reads ahead."""
+        with self._lock:
+            self._check_open()
+            if offset < 0 or length < 0 or offset + length > self.entry.size:
+                raise ValueError(f"bytes {offset}-{offset + length} of a file of {self.entry.size}")
+            index = self._units.at(offset)
+            start, end = self._units.range(index)
+            if self._spool is not None or not length or offset + length > end:
+                out = bytearray(length)
+                self.seek(offset)
+                self.readinto(out)
+                return memoryview(out).toreadonly()
+            on = offset in (self._last_end, self._region)
+            entered = offset in (self._region, start)
+            data = self._verified(index, read_ahead=on and entered and self._read_ahead)
+            self._position = self._last_end = offset + length
+            return memoryview(data)[offset - start : offset + length - start]
+
     def _copy_from_unit(self, view: memoryview, *, read_ahead: bool) -> int:
         index = self._units.at(self._position)
         start, end = self._units.range(index)
@@ -487,7 +510,40 @@ def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
     ``FileIO.readall`` does with ``PyBytes_FromStringAndSize(NULL, size)``. So a verified read
     returns the very bytes it hashed, without a copy. CPython only (:data:`_FILLABLE_BYTES`)."""
     data = _BYTES_NEW(None, size)
-    return data, memoryview((ctypes.c_char * size).from_address(_bytes_address(data))).cast("B")
+    address = _bytes_address(data)
+    huge_pages(address, size)
+    return data, memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+#: Memory at least this large is asked to be backed by huge pages (Linux's transparent huge pages).
+HUGE_PAGE = 2 * 1024 * 1024
+_MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def huge_pages(address: int, size: int) -> None:
+    """Ask Linux to back the untouched memory ``[address, address + size)`` with huge pages: filling
+    a fresh 64 MiB unit then takes 32 page faults, not 16,384 (measured: 17 ms instead of 48 ms
+    for a read from the page cache into it, a third of hashing it). Only advice: a no-op where
+    huge pages are off, and elsewhere than Linux."""
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    end = (address + size) // HUGE_PAGE * HUGE_PAGE
+    if end > start and _MADVISE is not None:
+        _MADVISE(start, end - start, _MADV_HUGEPAGE)
+
+
+def _madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_MADVISE = _madvise()
 
 
 _FILLABLE_BYTES = sys.implementation.name == "cpython" and hasattr(ctypes, "pythonapi")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..manifests import read_manifest
-from ..read import VerifiedFile, open
+from ..read import VerifiedFile, huge_pages, open
 from ..report import printable
 
 try:
@@ -142,6 +142,7 @@ def _read_file(f: VerifiedFile, name: str) -> dict[str, torch.Tensor]:
     unless every unit matched."""
     where = f"{printable(name)} in {f.entry.location}"
     data = torch.empty(f.entry.size, dtype=torch.uint8)
+    huge_pages(data.data_ptr(), len(data))
     if len(data):
         f.read_rest_into(data.numpy().data)
     out: dict[str, torch.Tensor] = {}
