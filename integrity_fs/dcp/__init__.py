@@ -31,7 +31,7 @@ from ..errors import IntegrityError
 from ..hashing import DEFAULT_ALGORITHM
 from ..manifest import Manifest
 from ..report import Problem, Report
-from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest
+from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest, warn_unused
 from .writer import HashingFsspecWriter, WrittenFile
 
 try:
@@ -146,7 +146,7 @@ def load(
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
     require_manifest: bool = False,
-    mode: str = "sharded",
+    mode: str | None = None,
     max_workers: int | None = None,
     strict: bool = False,
     planner: LoadPlanner | None = None,
@@ -172,9 +172,10 @@ def load(
     ``require_manifest=False``). ``manifest``, ``public_key`` and ``expected_name`` (the name the
     signature must give the checkpoint) are as for :func:`integrity_fs.verify`.
     ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
-    (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are accepted for
-    compatibility and not used: each rank verifies what it reads.
+    (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are deprecated
+    (a ``DeprecationWarning``): they do nothing, each rank verifies what it reads as it loads it.
     """
+    warn_unused("dcp.load", mode=mode, max_workers=max_workers)
     g = group_of(process_group)
     if g is not None:
         # Whether a rank verifies, and skips an unsealed checkpoint, decides which collectives it
@@ -313,10 +314,10 @@ def load_latest(
     *,
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
-    mode: str = "sharded",
+    mode: str | None = None,
     max_workers: int | None = None,
     strict: bool = False,
-    quick: bool = False,
+    quick: bool | None = None,
     planner: LoadPlanner | None = None,
     public_key: signing.PublicKey | None = None,
 ) -> str | None:
@@ -331,8 +332,9 @@ def load_latest(
     leaves verified bytes of it in ``state_dict``; the next one is loaded over them. With none
     that loads (or no ``root`` yet), ``None``, and ``state_dict`` holds what it held (or such bytes).
     With ``public_key``, only a checkpoint whose signature verifies is loaded. ``mode``,
-    ``max_workers`` and ``quick`` are accepted for compatibility and not used.
+    ``max_workers`` and ``quick`` are deprecated (a ``DeprecationWarning``): they do nothing.
     """
+    warn_unused("dcp.load_latest", mode=mode, max_workers=max_workers, quick=quick)
     g = group_of(process_group)
     candidates = agreed_candidates(root, group=process_group, storage_options=storage_options)
 
