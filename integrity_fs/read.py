@@ -52,7 +52,7 @@ from .manifest import Manifest
 from .report import Problem, Report, printable
 from .verify import verify_options
 
-__all__ = ["HELD_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
+__all__ = ["HELD_UNITS", "MEMORY_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
 
 URL = str | os.PathLike[str]
 
@@ -64,6 +64,9 @@ WHOLE_FILE_LIMIT = DEFAULT_CHUNK_SIZE
 READ_AHEAD = 2
 #: Units held at once per open file: the one being read and the ones read ahead.
 HELD_UNITS = 1 + READ_AHEAD
+#: The memory the units of one open file fill at once, in units: the one being read whole, and
+#: what the ones read ahead have filled so far (they wait for room, the one being read never does).
+MEMORY_UNITS = 2
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,52 @@ class _Stops:
                 event.set()
 
 
-@dataclass
+class _Room:
+    """The memory the units of one open file fill, at most ``limit`` bytes: a unit read ahead waits
+    before each piece until it fits, counting the units up to the one the caller reads as whole (they
+    never wait, so the caller is never kept waiting for room that only its own progress frees).
+    Pieces are counted in whole huge pages, as a unit that has them holds them. A unit dropped
+    gives its room back (a view of it still alive keeps its bytes, but no read fills new ones)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._units: dict[_Fetch, tuple[int, int, int]] = {}  # index, bytes filled, size
+        self._reading = 0  # the unit the caller reads
+        self._changed = threading.Condition()
+
+    def reserve(self, fetch: _Fetch, index: int, filled: int, size: int) -> None:
+        """Room for unit ``index`` (of ``size`` bytes) to have ``filled`` bytes; ``Cancelled`` once its
+        read is stopped."""
+        if size >= HUGE_PAGE:
+            filled = min(size, -(-filled // HUGE_PAGE) * HUGE_PAGE)
+        with self._changed:
+            while True:
+                if fetch.stop.is_set():
+                    raise storage.Cancelled("stopped")
+                if index <= self._reading or self._used(without=fetch) + filled <= self._limit:
+                    self._units[fetch] = (index, filled, size)
+                    return
+                self._changed.wait()
+
+    def _used(self, without: _Fetch) -> int:
+        return sum(
+            size if index <= self._reading else filled
+            for fetch, (index, filled, size) in self._units.items()
+            if fetch is not without
+        )
+
+    def reading(self, index: int) -> None:
+        with self._changed:
+            self._reading = index
+            self._changed.notify_all()
+
+    def give_back(self, fetch: _Fetch) -> None:
+        with self._changed:
+            self._units.pop(fetch, None)
+            self._changed.notify_all()
+
+
+@dataclass(eq=False)
 class _Fetch:
     """A unit being read (or read): its verified bytes once ``future`` is done, and the event that
     stops its read when the unit is dropped before it is done."""
@@ -203,6 +251,7 @@ class VerifiedFile(io.RawIOBase):
         self._region = 0  # where the caller's current region of the file starts (see release_before)
         self._counted = threading.Lock()
         self.bytes_verified = 0
+        self._room = _Room(MEMORY_UNITS * self._units.size)
         self._spool: _Spool | None = None
         if entry.manifest.granularity != "chunk" and entry.size > WHOLE_FILE_LIMIT:
             self._spool = _Spool(entry, self._stops, self._count)
@@ -239,22 +288,30 @@ class VerifiedFile(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         with self._lock:
             self._check_open()
-            view = memoryview(buffer).cast("B")
-            start = self._position
-            # Read ahead for a read that starts a region, or for each unit a read entered going
-            # on from where the last one ended: not for a look at the end before the start.
-            on = start in (self._last_end, self._region)
-            done = 0
-            while done < len(view) and self._position < self.entry.size:
-                if self._spool is not None:
-                    n = self._spool.readinto(view[done:], self._position)
-                else:
-                    entered = self._position == start == self._region or self._position % self._units.size == 0
-                    n = self._copy_from_unit(view[done:], read_ahead=on and entered)
-                self._position += n
-                done += n
-            self._last_end = self._position
-            return done
+            return self._read_into(memoryview(buffer).cast("B"), let_go=False)
+
+    def _read_into(self, view: memoryview, *, let_go: bool) -> int:
+        """``readinto``; ``let_go``: each unit the read passes goes once its bytes are copied (a
+        region read once, whose units are not needed again: while the read waits for its next
+        unit, the room of the one before is free for the units read ahead)."""
+        start = self._position
+        # Read ahead for a read that starts a region, or for each unit a read entered going
+        # on from where the last one ended: not for a look at the end before the start.
+        on = start in (self._last_end, self._region)
+        done = 0
+        while done < len(view) and self._position < self.entry.size:
+            if self._spool is not None:
+                n = self._spool.readinto(view[done:], self._position)
+            else:
+                entered = self._position == start == self._region or self._position % self._units.size == 0
+                n = self._copy_from_unit(view[done:], read_ahead=on and entered)
+                index = self._units.at(self._position)
+                if let_go and done + n < len(view) and index in self._held:
+                    self._drop(index)
+            self._position += n
+            done += n
+        self._last_end = self._position
+        return done
 
     def readall(self) -> bytes:
         with self._lock:
@@ -326,6 +383,7 @@ class VerifiedFile(io.RawIOBase):
         if self.closed:
             return
         self._stops.close()
+        self._room.reading(-1)  # wakes the reads waiting for room: they see their stop
         with self._lock:
             if self.closed:
                 return
@@ -354,10 +412,11 @@ class VerifiedFile(io.RawIOBase):
 
     def region(self, offset: int, length: int) -> memoryview:
         """The verified bytes ``[offset, offset + length)``, read-only: a view of the unit that holds
-        them all when one does (no copy), else of a new object they were copied into. Units are
-        never written to again, so the view is right for as long as it is kept (it keeps its
-        unit's bytes alive). The position moves to the region's end; a region that starts where
-        the last read ended, or where :meth:`release_before` put the next one, reads ahead."""
+        them all when one does (no copy), else of a new object they were copied into (then each
+        unit but the last goes once copied: a region is read once). Units are never written to
+        again, so the view is right for as long as it is kept (it keeps its unit's bytes alive).
+        The position moves to the region's end; a region that starts where the last read ended,
+        or where :meth:`release_before` put the next one, reads ahead."""
         with self._lock:
             self._check_open()
             if offset < 0 or length < 0 or offset + length > self.entry.size:
@@ -366,8 +425,8 @@ class VerifiedFile(io.RawIOBase):
             start, end = self._units.range(index)
             if self._spool is not None or not length or offset + length > end:
                 out = bytearray(length)
-                self.seek(offset)
-                self.readinto(out)
+                self._position = offset
+                self._read_into(memoryview(out), let_go=True)
                 return memoryview(out).toreadonly()
             on = offset in (self._last_end, self._region)
             entered = offset in (self._region, start)
@@ -387,6 +446,7 @@ class VerifiedFile(io.RawIOBase):
         """The verified bytes of unit ``index``: held, being read ahead, or read now, in this
         thread (after the next ones were sent to be read ahead, so that they are hashed while
         this one is). A unit that fails is not kept: asked for again, it is read again."""
+        self._room.reading(index)
         fetch = self._held.get(index)
         here = fetch is None
         if fetch is None:
@@ -402,6 +462,7 @@ class VerifiedFile(io.RawIOBase):
         except BaseException as exc:
             if self._held.get(index) is fetch:
                 del self._held[index]
+                self._room.give_back(fetch)
             closed = self._closed_or(exc) if isinstance(exc, Exception) else exc
             if closed is exc:
                 raise
@@ -409,7 +470,7 @@ class VerifiedFile(io.RawIOBase):
 
     def _load(self, index: int, fetch: _Fetch) -> None:
         try:
-            fetch.future.set_result(self._read_unit(index, fetch.stop))
+            fetch.future.set_result(self._read_unit(index, fetch))
         except BaseException as exc:
             fetch.future.set_exception(exc)
         finally:
@@ -444,16 +505,22 @@ class VerifiedFile(io.RawIOBase):
     def _drop(self, index: int) -> None:
         """Forget unit ``index`` (its bytes live on while anything still refers to them); a read
         still under way is stopped."""
-        self._held.pop(index).stop.set()
+        fetch = self._held.pop(index)
+        fetch.stop.set()
+        self._room.give_back(fetch)
 
-    def _read_unit(self, index: int, stop: threading.Event) -> bytes:
+    def _read_unit(self, index: int, fetch: _Fetch) -> bytes:
         start, end = self._units.range(index)
+
+        def reserve(filled: int) -> None:
+            self._room.reserve(fetch, index, filled, end - start)
+
         if _FILLABLE_BYTES and end - start >= 2:
             data, view = _unfilled_bytes(end - start)
-            self._check(index, _hash_into(self.entry, start, view, stop))
+            self._check(index, _hash_into(self.entry, start, view, fetch.stop, reserve))
             return data  # never written to again
         out = bytearray(end - start)
-        self._check(index, _hash_into(self.entry, start, memoryview(out), stop))
+        self._check(index, _hash_into(self.entry, start, memoryview(out), fetch.stop, reserve))
         return bytes(out)
 
     def _check(self, index: int, digest: str) -> None:
@@ -566,9 +633,15 @@ def _as_content(entry: Entry) -> Iterator[None]:
         raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
 
 
-def _hash_into(entry: Entry, start: int, buffer: memoryview, stop: threading.Event) -> str:
+def _hash_into(
+    entry: Entry,
+    start: int,
+    buffer: memoryview,
+    stop: threading.Event,
+    reserve: Callable[[int], None] | None = None,
+) -> str:
     """The digest of ``len(buffer)`` bytes of the file from ``start``, read into ``buffer`` through
-    the guarded reader."""
+    the guarded reader (``reserve``: see ``storage.hash_range``)."""
     with _as_content(entry):
         return storage.hash_range(
             entry.fs,
@@ -580,6 +653,7 @@ def _hash_into(entry: Entry, start: int, buffer: memoryview, stop: threading.Eve
             version=entry.version,
             stop=stop,
             into=buffer,
+            reserve=reserve,
         )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import os
 import threading
@@ -297,11 +298,14 @@ def _changed(fs: fsspec.AbstractFileSystem, path: str, listed: Version, now: str
 
 
 def _open_buffered(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    """A binary reader for ``path`` tuned for sequential streaming (readahead where it applies)."""
+    """A binary reader of its own for ``path``, tuned for sequential streaming (readahead where it
+    applies). fsspec's memory file system hands every opener the same ``BytesIO``: its bytes get a
+    reader of their own here (no copy), so that reads on other threads never move this one."""
     try:
-        return fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
+        f = fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
     except TypeError:  # a backend whose open() takes no cache options
-        return fs.open(path, "rb")
+        f = fs.open(path, "rb")
+    return io.BytesIO(f.getvalue()) if isinstance(f, io.BytesIO) else f
 
 
 def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> None:
@@ -339,6 +343,7 @@ def hash_range(
     stop: threading.Event | None = None,
     buffer: memoryview | None = None,
     into: memoryview | None = None,
+    reserve: Callable[[int], None] | None = None,
     extra: Callable[[], Sequence[Sink]] | None = None,
 ) -> str:
     """Digest of exactly ``length`` bytes of ``path`` from ``offset``, read once through
@@ -351,7 +356,9 @@ def hash_range(
     the read ends at the next block with ``Cancelled``.
 
     ``into`` (writable, exactly ``length`` bytes): the bytes are kept there, each piece hashed as
-    it lands (the verified reads' unit buffers). ``buffer`` (writable, reused by the caller's
+    it lands (the verified reads' unit buffers); ``reserve``, if given, is called before each piece
+    is read into it with how many bytes of ``into`` are filled once it is (a caller that bounds the
+    memory its reads fill waits there, or raises to stop the read). ``buffer`` (writable, reused by the caller's
     thread): a whole local file shorter than it is read into it in one call, first by
     ``digest_small_file`` (no retry machinery: for small files the per-file Python is the cost),
     and the guarded way only when that does not settle it. ``extra``: makes the hashers that each
@@ -384,7 +391,7 @@ def hash_range(
             return hasher.hexdigest()
         others = extra() if extra is not None else ()
         return _hash_once(
-            fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into, others
+            fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into, others, reserve
         )
 
     def undo() -> None:
@@ -414,6 +421,7 @@ def _hash_once(
     stop: threading.Event | None,
     into: memoryview | None,
     others: Sequence[Sink] = (),
+    reserve: Callable[[int], None] | None = None,
 ) -> str:
     hasher = new_hasher(algorithm)
     reader = open_range(fs, path, offset, length, file_size=file_size, version=version, stop=stop)
@@ -435,6 +443,8 @@ def _hash_once(
         while done < length:
             check_stop(stop)
             view = into[done : done + piece] if into is not None else own[: min(piece, length - done)]  # type: ignore[index]
+            if reserve is not None:
+                reserve(done + len(view))
             n = reader.readinto(view)
             if not n:
                 reader.check_version()  # a file cut short by a writer has changed, not shrunk
