@@ -175,7 +175,7 @@ class _Room:
     """The memory the units of one open file fill, at most ``limit`` bytes: a unit read ahead waits
     before each piece until it fits, counting the units up to the one the caller reads as whole (they
     never wait, so the caller is never kept waiting for room that only its own progress frees).
-    Pieces are counted in whole huge pages, as a unit that has them holds them. A unit dropped
+    A unit with huge pages is counted with the whole huge page its bytes end in. A unit dropped
     gives its room back (a view of it still alive keeps its bytes, but no read fills new ones)."""
 
     def __init__(self, limit: int) -> None:
@@ -187,8 +187,8 @@ class _Room:
     def reserve(self, fetch: _Fetch, index: int, filled: int, size: int) -> None:
         """Room for unit ``index`` (of ``size`` bytes) to have ``filled`` bytes; ``Cancelled`` once its
         read is stopped."""
-        if size >= HUGE_PAGE:
-            filled = min(size, -(-filled // HUGE_PAGE) * HUGE_PAGE)
+        if size >= HUGE_PAGE:  # the huge page the filled bytes end in is held whole
+            filled = min(size, filled + HUGE_PAGE)
         with self._changed:
             while True:
                 if fetch.stop.is_set():
@@ -205,9 +205,17 @@ class _Room:
             if fetch is not without
         )
 
-    def reading(self, index: int) -> None:
+    def reading(self, index: int, fetch: _Fetch, size: int) -> None:
+        """The caller now reads unit ``index`` (of ``size`` bytes, being read by ``fetch``): it counts
+        whole from now on, before its read has filled anything."""
         with self._changed:
             self._reading = index
+            self._units.setdefault(fetch, (index, 0, size))
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake the reads waiting for room (to see that they are stopped)."""
+        with self._changed:
             self._changed.notify_all()
 
     def give_back(self, fetch: _Fetch) -> None:
@@ -383,7 +391,7 @@ class VerifiedFile(io.RawIOBase):
         if self.closed:
             return
         self._stops.close()
-        self._room.reading(-1)  # wakes the reads waiting for room: they see their stop
+        self._room.wake()  # the reads waiting for room see their stop
         with self._lock:
             if self.closed:
                 return
@@ -446,12 +454,13 @@ class VerifiedFile(io.RawIOBase):
         """The verified bytes of unit ``index``: held, being read ahead, or read now, in this
         thread (after the next ones were sent to be read ahead, so that they are hashed while
         this one is). A unit that fails is not kept: asked for again, it is read again."""
-        self._room.reading(index)
         fetch = self._held.get(index)
         here = fetch is None
         if fetch is None:
             self._make_room(index)
             fetch = self._held[index] = _Fetch(Future(), self._stops.new())
+        start, end = self._units.range(index)
+        self._room.reading(index, fetch, end - start)
         if read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
                 self._ahead(ahead, index)
