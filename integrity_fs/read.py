@@ -31,11 +31,9 @@ of this process); once it verified, reads are served from the spool. No second r
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import io
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -46,6 +44,7 @@ from typing import Any
 import fsspec
 
 from . import manifests, signing, storage
+from .buffers import FILLABLE_BYTES, Room, copy_out, unfilled_bytes
 from .errors import IntegrityError
 from .hashing import DEFAULT_CHUNK_SIZE, chunk_range
 from .manifest import Manifest
@@ -171,59 +170,6 @@ class _Stops:
                 event.set()
 
 
-class _Room:
-    """The memory the units of one open file fill, at most ``limit`` bytes: a unit read ahead waits
-    before each piece until it fits, counting the units up to the one the caller reads as whole (they
-    never wait, so the caller is never kept waiting for room that only its own progress frees).
-    A unit with huge pages is counted with the whole huge page its bytes end in. A unit dropped
-    gives its room back (a view of it still alive keeps its bytes, but no read fills new ones)."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._units: dict[_Fetch, tuple[int, int, int]] = {}  # index, bytes filled, size
-        self._reading = 0  # the unit the caller reads
-        self._changed = threading.Condition()
-
-    def reserve(self, fetch: _Fetch, index: int, filled: int, size: int) -> None:
-        """Room for unit ``index`` (of ``size`` bytes) to have ``filled`` bytes; ``Cancelled`` once its
-        read is stopped."""
-        if size >= HUGE_PAGE:  # the huge page the filled bytes end in is held whole
-            filled = min(size, filled + HUGE_PAGE)
-        with self._changed:
-            while True:
-                if fetch.stop.is_set():
-                    raise storage.Cancelled("stopped")
-                if index <= self._reading or self._used(without=fetch) + filled <= self._limit:
-                    self._units[fetch] = (index, filled, size)
-                    return
-                self._changed.wait()
-
-    def _used(self, without: _Fetch) -> int:
-        return sum(
-            size if index <= self._reading else filled
-            for fetch, (index, filled, size) in self._units.items()
-            if fetch is not without
-        )
-
-    def reading(self, index: int, fetch: _Fetch, size: int) -> None:
-        """The caller now reads unit ``index`` (of ``size`` bytes, being read by ``fetch``): it counts
-        whole from now on, before its read has filled anything."""
-        with self._changed:
-            self._reading = index
-            self._units.setdefault(fetch, (index, 0, size))
-            self._changed.notify_all()
-
-    def wake(self) -> None:
-        """Wake the reads waiting for room (to see that they are stopped)."""
-        with self._changed:
-            self._changed.notify_all()
-
-    def give_back(self, fetch: _Fetch) -> None:
-        with self._changed:
-            self._units.pop(fetch, None)
-            self._changed.notify_all()
-
-
 @dataclass(eq=False)
 class _Fetch:
     """A unit being read (or read): its verified bytes once ``future`` is done, and the event that
@@ -259,7 +205,7 @@ class VerifiedFile(io.RawIOBase):
         self._region = 0  # where the caller's current region of the file starts (see release_before)
         self._counted = threading.Lock()
         self.bytes_verified = 0
-        self._room = _Room(MEMORY_UNITS * self._units.size)
+        self._room = Room(MEMORY_UNITS * self._units.size)
         self._spool: _Spool | None = None
         if entry.manifest.granularity != "chunk" and entry.size > WHOLE_FILE_LIMIT:
             self._spool = _Spool(entry, self._stops, self._count)
@@ -325,8 +271,8 @@ class VerifiedFile(io.RawIOBase):
         with self._lock:
             self._check_open()
             size = max(0, self.entry.size - self._position)
-            if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
-                data, view = _unfilled_bytes(size)
+            if FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
+                data, view = unfilled_bytes(size)
                 self.read_rest_into(view)
                 return data
             out = bytearray(size)
@@ -460,7 +406,7 @@ class VerifiedFile(io.RawIOBase):
             self._make_room(index)
             fetch = self._held[index] = _Fetch(Future(), self._stops.new())
         start, end = self._units.range(index)
-        self._room.reading(index, fetch, end - start)
+        self._room.reading(fetch, index, end - start)
         if read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
                 self._ahead(ahead, index)
@@ -522,10 +468,10 @@ class VerifiedFile(io.RawIOBase):
         start, end = self._units.range(index)
 
         def reserve(filled: int) -> None:
-            self._room.reserve(fetch, index, filled, end - start)
+            self._room.reserve(fetch, index, filled, end - start, fetch.stop)
 
-        if _FILLABLE_BYTES and end - start >= 2:
-            data, view = _unfilled_bytes(end - start)
+        if FILLABLE_BYTES and end - start >= 2:
+            data, view = unfilled_bytes(end - start)
             self._check(index, _hash_into(self.entry, start, view, fetch.stop, reserve))
             return data  # never written to again
         out = bytearray(end - start)
@@ -555,78 +501,6 @@ class VerifiedFile(io.RawIOBase):
     def _check_open(self) -> None:
         if self.closed or self._stops.closing:
             raise ValueError("I/O operation on a closed file")
-
-
-#: Copies at least this long are made without holding the GIL (``ctypes.memmove`` releases it), so
-#: that the read-ahead threads hash while the caller copies; shorter ones are a slice assignment.
-UNLOCKED_COPY_MIN = 256 * 1024
-
-
-def copy_out(target: memoryview, data: bytes, offset: int) -> None:
-    """``target[:] = data[offset : offset + len(target)]`` without an intermediate copy; a large
-    copy releases the GIL while it runs."""
-    n = len(target)
-    if offset < 0 or offset + n > len(data):
-        raise ValueError(f"{n} bytes from {offset} of a unit of {len(data)}")
-    if n < UNLOCKED_COPY_MIN or target.readonly or not isinstance(data, bytes):
-        target[:] = memoryview(data)[offset : offset + n]
-        return
-    ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(target)), _bytes_address(data) + offset, n)
-
-
-def _bytes_address(data: bytes) -> int:
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    assert address is not None
-    return address
-
-
-def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
-    """A new ``bytes`` object of ``size`` (at least 2) bytes, not yet filled, and a writable view of
-    its bytes: the caller fills the view and only then hands the object out, as CPython's own
-    ``FileIO.readall`` does with ``PyBytes_FromStringAndSize(NULL, size)``. So a verified read
-    returns the very bytes it hashed, without a copy. CPython only (:data:`_FILLABLE_BYTES`)."""
-    data = _BYTES_NEW(None, size)
-    address = _bytes_address(data)
-    huge_pages(address, size)
-    return data, memoryview((ctypes.c_char * size).from_address(address)).cast("B")
-
-
-#: Memory at least this large is asked to be backed by huge pages (Linux's transparent huge pages).
-HUGE_PAGE = 2 * 1024 * 1024
-_MADV_HUGEPAGE = 14  # linux/mman.h
-
-
-def huge_pages(address: int, size: int) -> None:
-    """Ask Linux to back the untouched memory ``[address, address + size)`` with huge pages: filling
-    a fresh 64 MiB unit then takes 32 page faults, not 16,384 (measured: 17 ms instead of 48 ms
-    for a read from the page cache into it, a third of hashing it). Only advice: a no-op where
-    huge pages are off, and elsewhere than Linux."""
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
-    end = (address + size) // HUGE_PAGE * HUGE_PAGE
-    if end > start and _MADVISE is not None:
-        _MADVISE(start, end - start, _MADV_HUGEPAGE)
-
-
-def _madvise() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    madvise.restype = ctypes.c_int
-    return madvise
-
-
-_MADVISE = _madvise()
-
-
-_FILLABLE_BYTES = sys.implementation.name == "cpython" and hasattr(ctypes, "pythonapi")
-if _FILLABLE_BYTES:
-    _BYTES_NEW = ctypes.pythonapi.PyBytes_FromStringAndSize
-    _BYTES_NEW.restype = ctypes.py_object
-    _BYTES_NEW.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
 @contextlib.contextmanager

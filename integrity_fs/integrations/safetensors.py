@@ -24,8 +24,9 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..buffers import huge_pages
 from ..manifests import read_manifest
-from ..read import VerifiedFile, huge_pages, open
+from ..read import VerifiedFile, open
 from ..report import printable
 
 try:
