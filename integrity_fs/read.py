@@ -8,8 +8,10 @@ so bytes a caller copies are always the bytes that verified, whatever else happe
 (read-ahead, a seek back, another thread, ``close``). A damaged unit raises ``IntegrityError``, a
 file whose version changed ``FileChangedError``.
 
-At most :data:`HELD_UNITS` units are kept per open file. The next :data:`READ_AHEAD` units are
-read ahead on helper threads while the caller works on the current one, when the caller reads on
+At most :data:`HELD_UNITS` units are kept per open file, two when it is read in order (the one
+being read and the next). The next :data:`READ_AHEAD` unit is read ahead on a helper thread while
+the caller works on the current one (and hashed beside it, while the caller waits for that one),
+when the caller reads on
 into a unit from where its last read ended (or starts a region, see
 :meth:`VerifiedFile.release_before`), not when it looks at the end of a file before its start
 (``torch.load`` reads a zip's directory first). Read-ahead takes only a free place or that of a unit
@@ -34,6 +36,7 @@ import contextlib
 import errno
 import io
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -44,28 +47,29 @@ from typing import Any
 import fsspec
 
 from . import manifests, signing, storage
-from .buffers import FILLABLE_BYTES, Room, copy_out, unfilled_bytes
+from .buffers import FILLABLE_BYTES, copy_out, unfilled_bytes
 from .errors import IntegrityError
 from .hashing import DEFAULT_CHUNK_SIZE, chunk_range
 from .manifest import Manifest
 from .report import Problem, Report, printable
 from .verify import verify_options
 
-__all__ = ["HELD_UNITS", "MEMORY_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
+__all__ = ["HELD_UNITS", "READ_AHEAD", "READ_THREADS", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
 
 URL = str | os.PathLike[str]
 
 #: A file of file granularity up to this size is read, hashed and held whole; a larger one is
 #: verified into a private spool and served from there. The same bound as a default chunk.
 WHOLE_FILE_LIMIT = DEFAULT_CHUNK_SIZE
-#: Units read ahead at once, each on a helper thread: two units hashed at once keep two cores
-#: busy while the caller works on the bytes already verified.
-READ_AHEAD = 2
-#: Units held at once per open file: the one being read and the ones read ahead.
-HELD_UNITS = 1 + READ_AHEAD
-#: The memory the units of one open file fill at once, in units: the one being read whole, and
-#: what the ones read ahead have filled so far (they wait for room, the one being read never does).
-MEMORY_UNITS = 2
+#: Units read ahead of the one the caller reads: that one and the next are hashed at once (on
+#: two helper threads) while the caller waits, and the next while it works on the bytes already
+#: verified; so two cores stay busy, and a caller reading in order holds two units at most.
+READ_AHEAD = 1
+#: Helper threads per open file: the unit the caller waits for and the one after it.
+READ_THREADS = 1 + READ_AHEAD
+#: Units held at once per open file: the one being read, the one read ahead, and one more for a
+#: unit read out of order that will be read again (the end of a file looked at before its start).
+HELD_UNITS = 2 + READ_AHEAD
 
 
 @dataclass(frozen=True)
@@ -170,13 +174,26 @@ class _Stops:
                 event.set()
 
 
-@dataclass(eq=False)
+@dataclass
 class _Fetch:
-    """A unit being read (or read): its verified bytes once ``future`` is done, and the event that
-    stops its read when the unit is dropped before it is done."""
+    """A unit being read (or read): its verified bytes once ``future`` is done, the event that
+    stops its read when the unit is dropped before it is done, and the buffer of a unit dropped
+    before, to read it into (see ``VerifiedFile._keep_spare``)."""
 
-    future: Future[bytes]
+    future: Future[Unit]
     stop: threading.Event
+    spare: bytearray | None = None
+
+
+#: A verified unit's bytes: a ``bytearray`` of a whole chunk (whose buffer is filled again for
+#: another unit once nothing else refers to it), else ``bytes``.
+Unit = bytes | bytearray
+#: Whether a buffer's references can be counted (CPython): a dropped unit's buffer is filled again
+#: only when the count says that nothing but the file refers to it.
+_COUNTS_REFERENCES = hasattr(sys, "getrefcount") and sys.implementation.name == "cpython"
+#: ``sys.getrefcount`` of a dropped unit's buffer that nothing else refers to: its fetch's result,
+#: the name it is looked at by, and the call's own argument.
+_ONLY_THE_FILE = 3
 
 
 class VerifiedFile(io.RawIOBase):
@@ -195,6 +212,7 @@ class VerifiedFile(io.RawIOBase):
         self._position = 0
         self._lock = threading.RLock()  # every method; RawIOBase.read calls readinto
         self._held: dict[int, _Fetch] = {}
+        self._spare: list[bytearray] = []  # buffers of dropped units that nothing refers to
         self._stops = _Stops()
         self._pool: ThreadPoolExecutor | None = None
         # Through a caching layer, one read at a time: fsspec's caches are filled by the first
@@ -205,7 +223,6 @@ class VerifiedFile(io.RawIOBase):
         self._region = 0  # where the caller's current region of the file starts (see release_before)
         self._counted = threading.Lock()
         self.bytes_verified = 0
-        self._room = Room(MEMORY_UNITS * self._units.size)
         self._spool: _Spool | None = None
         if entry.manifest.granularity != "chunk" and entry.size > WHOLE_FILE_LIMIT:
             self._spool = _Spool(entry, self._stops, self._count)
@@ -337,7 +354,6 @@ class VerifiedFile(io.RawIOBase):
         if self.closed:
             return
         self._stops.close()
-        self._room.wake()  # the reads waiting for room see their stop
         with self._lock:
             if self.closed:
                 return
@@ -345,6 +361,7 @@ class VerifiedFile(io.RawIOBase):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             self._held.clear()
+            self._spare.clear()
             if self._spool is not None:
                 self._spool.close()
             super().close()
@@ -378,15 +395,20 @@ class VerifiedFile(io.RawIOBase):
             index = self._units.at(offset)
             start, end = self._units.range(index)
             if self._spool is not None or not length or offset + length > end:
-                out = bytearray(length)
+                out: bytes | bytearray
+                if FILLABLE_BYTES and length >= 2:  # handed out only once every byte verified
+                    out, view = unfilled_bytes(length)
+                else:
+                    out = bytearray(length)
+                    view = memoryview(out)
                 self._position = offset
-                self._read_into(memoryview(out), let_go=True)
+                self._read_into(view, let_go=True)
                 return memoryview(out).toreadonly()
             on = offset in (self._last_end, self._region)
             entered = offset in (self._region, start)
             data = self._verified(index, read_ahead=on and entered and self._read_ahead)
             self._position = self._last_end = offset + length
-            return memoryview(data)[offset - start : offset + length - start]
+            return memoryview(data)[offset - start : offset + length - start].toreadonly()
 
     def _copy_from_unit(self, view: memoryview, *, read_ahead: bool) -> int:
         index = self._units.at(self._position)
@@ -396,7 +418,7 @@ class VerifiedFile(io.RawIOBase):
         copy_out(view[:n], data, self._position - start)
         return n
 
-    def _verified(self, index: int, *, read_ahead: bool) -> bytes:
+    def _verified(self, index: int, *, read_ahead: bool) -> Unit:
         """The verified bytes of unit ``index``: held, being read ahead, or read now, in this
         thread (after the next ones were sent to be read ahead, so that they are hashed while
         this one is). A unit that fails is not kept: asked for again, it is read again."""
@@ -404,9 +426,7 @@ class VerifiedFile(io.RawIOBase):
         here = fetch is None
         if fetch is None:
             self._make_room(index)
-            fetch = self._held[index] = _Fetch(Future(), self._stops.new())
-        start, end = self._units.range(index)
-        self._room.reading(fetch, index, end - start)
+            fetch = self._held[index] = self._fetch(index)
         if read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
                 self._ahead(ahead, index)
@@ -417,15 +437,21 @@ class VerifiedFile(io.RawIOBase):
         except BaseException as exc:
             if self._held.get(index) is fetch:
                 del self._held[index]
-                self._room.give_back(fetch)
             closed = self._closed_or(exc) if isinstance(exc, Exception) else exc
             if closed is exc:
                 raise
             raise closed from exc
 
+    def _fetch(self, index: int) -> _Fetch:
+        """A new read of unit ``index``, into a spare buffer when one is kept and the unit fills it."""
+        start, end = self._units.range(index)
+        spare = self._spare.pop() if self._spare and end - start == self._units.size else None
+        return _Fetch(Future(), self._stops.new(), spare)
+
     def _load(self, index: int, fetch: _Fetch) -> None:
+        spare, fetch.spare = fetch.spare, None
         try:
-            fetch.future.set_result(self._read_unit(index, fetch))
+            fetch.future.set_result(self._read_unit(index, fetch.stop, spare))
         except BaseException as exc:
             fetch.future.set_exception(exc)
         finally:
@@ -442,8 +468,8 @@ class VerifiedFile(io.RawIOBase):
                 return
             self._drop(behind[0])
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="integrity_fs-read")
-        fetch = self._held[index] = _Fetch(Future(), self._stops.new())
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="integrity_fs-read")
+        fetch = self._held[index] = self._fetch(index)
         self._pool.submit(self._load, index, fetch)
 
     def _make_room(self, index: int) -> None:
@@ -462,20 +488,36 @@ class VerifiedFile(io.RawIOBase):
         still under way is stopped."""
         fetch = self._held.pop(index)
         fetch.stop.set()
-        self._room.give_back(fetch)
+        self._keep_spare(fetch)
 
-    def _read_unit(self, index: int, fetch: _Fetch) -> bytes:
+    def _keep_spare(self, fetch: _Fetch) -> None:
+        """Keep the buffer of a dropped unit, to read a later unit into, when nothing but this file
+        refers to it any more: no view of it handed out (``region``) still alive, and no copy out
+        of it under way (every copy runs under the file's lock, as this does). So a buffer is filled
+        again only when nothing can see it: what a caller holds never changes. At most as many
+        buffers are kept as units may be held."""
+        if not _COUNTS_REFERENCES or not fetch.future.done() or fetch.future.exception() is not None:
+            return
+        data = fetch.future.result()
+        if (
+            isinstance(data, bytearray)
+            and len(self._spare) + len(self._held) < HELD_UNITS
+            and sys.getrefcount(data) <= _ONLY_THE_FILE
+        ):
+            self._spare.append(data)
+
+    def _read_unit(self, index: int, stop: threading.Event, spare: bytearray | None = None) -> Unit:
         start, end = self._units.range(index)
-
-        def reserve(filled: int) -> None:
-            self._room.reserve(fetch, index, filled, end - start, fetch.stop)
-
+        if end - start == self._units.size:  # a whole chunk: its buffer may serve again
+            buffer = spare if spare is not None else bytearray(end - start)
+            self._check(index, _hash_into(self.entry, start, memoryview(buffer), stop))
+            return buffer
         if FILLABLE_BYTES and end - start >= 2:
             data, view = unfilled_bytes(end - start)
-            self._check(index, _hash_into(self.entry, start, view, fetch.stop, reserve))
+            self._check(index, _hash_into(self.entry, start, view, stop))
             return data  # never written to again
         out = bytearray(end - start)
-        self._check(index, _hash_into(self.entry, start, memoryview(out), fetch.stop, reserve))
+        self._check(index, _hash_into(self.entry, start, memoryview(out), stop))
         return bytes(out)
 
     def _check(self, index: int, digest: str) -> None:
@@ -516,15 +558,9 @@ def _as_content(entry: Entry) -> Iterator[None]:
         raise IntegrityError(Report(problems=(problem,)), entry.location) from exc
 
 
-def _hash_into(
-    entry: Entry,
-    start: int,
-    buffer: memoryview,
-    stop: threading.Event,
-    reserve: Callable[[int], None] | None = None,
-) -> str:
+def _hash_into(entry: Entry, start: int, buffer: memoryview, stop: threading.Event) -> str:
     """The digest of ``len(buffer)`` bytes of the file from ``start``, read into ``buffer`` through
-    the guarded reader (``reserve``: see ``storage.hash_range``)."""
+    the guarded reader."""
     with _as_content(entry):
         return storage.hash_range(
             entry.fs,
@@ -536,7 +572,6 @@ def _hash_into(
             version=entry.version,
             stop=stop,
             into=buffer,
-            reserve=reserve,
         )
 
 

@@ -24,7 +24,6 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..buffers import huge_pages
 from ..manifests import read_manifest
 from ..read import VerifiedFile, open
 from ..report import printable
@@ -143,7 +142,6 @@ def _read_file(f: VerifiedFile, name: str) -> dict[str, torch.Tensor]:
     unless every unit matched."""
     where = f"{printable(name)} in {f.entry.location}"
     data = torch.empty(f.entry.size, dtype=torch.uint8)
-    huge_pages(data.data_ptr(), len(data))
     if len(data):
         f.read_rest_into(data.numpy().data)
     out: dict[str, torch.Tensor] = {}

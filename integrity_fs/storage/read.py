@@ -343,7 +343,6 @@ def hash_range(
     stop: threading.Event | None = None,
     buffer: memoryview | None = None,
     into: memoryview | None = None,
-    reserve: Callable[[int], None] | None = None,
     extra: Callable[[], Sequence[Sink]] | None = None,
 ) -> str:
     """Digest of exactly ``length`` bytes of ``path`` from ``offset``, read once through
@@ -356,9 +355,7 @@ def hash_range(
     the read ends at the next block with ``Cancelled``.
 
     ``into`` (writable, exactly ``length`` bytes): the bytes are kept there, each piece hashed as
-    it lands (the verified reads' unit buffers); ``reserve``, if given, is called before each piece
-    is read into it with how many bytes of ``into`` are filled once it is (a caller that bounds the
-    memory its reads fill waits there, or raises to stop the read). ``buffer`` (writable, reused by the caller's
+    it lands (the verified reads' unit buffers). ``buffer`` (writable, reused by the caller's
     thread): a whole local file shorter than it is read into it in one call, first by
     ``digest_small_file`` (no retry machinery: for small files the per-file Python is the cost),
     and the guarded way only when that does not settle it. ``extra``: makes the hashers that each
@@ -391,7 +388,7 @@ def hash_range(
             return hasher.hexdigest()
         others = extra() if extra is not None else ()
         return _hash_once(
-            fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into, others, reserve
+            fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into, others
         )
 
     def undo() -> None:
@@ -421,7 +418,6 @@ def _hash_once(
     stop: threading.Event | None,
     into: memoryview | None,
     others: Sequence[Sink] = (),
-    reserve: Callable[[int], None] | None = None,
 ) -> str:
     hasher = new_hasher(algorithm)
     reader = open_range(fs, path, offset, length, file_size=file_size, version=version, stop=stop)
@@ -443,8 +439,6 @@ def _hash_once(
         while done < length:
             check_stop(stop)
             view = into[done : done + piece] if into is not None else own[: min(piece, length - done)]  # type: ignore[index]
-            if reserve is not None:
-                reserve(done + len(view))
             n = reader.readinto(view)
             if not n:
                 reader.check_version()  # a file cut short by a writer has changed, not shrunk
