@@ -343,7 +343,7 @@ def target_lines(rows: list[Row], shapes: list[Shape]) -> list[str]:
         line(
             extra <= RSS_TARGET_MIB,
             f"{shape.where}: its peak RSS {extra:+.0f} MiB over plain's (target ≤ +{RSS_TARGET_MIB} MiB: two "
-            "64 MiB units, the one DCP copies from and what the two read ahead have filled)",
+            "64 MiB units, the one DCP copies from and the next, read ahead)",
         )
     if ("one file", "integrity_fs.open(...).read()") in by:
         ours, plain = by[("one file", "integrity_fs.open(...).read()")], by[("one file", "read + hashlib.sha256")]

@@ -1,12 +1,14 @@
 """open: a file of a sealed checkpoint that returns only verified bytes, read once.
 
 The file is read in its manifest's units (a chunk, or the whole file). A unit is read through
-the guarded reader (pinned to the version listed) into a new ``bytes`` object, hashed as it
-lands, and compared with the manifest; only then is it kept, and only kept units are served. A
-kept unit is never written to again and never reused for another: dropping it only forgets it,
-so bytes a caller copies are always the bytes that verified, whatever else happens meanwhile
-(read-ahead, a seek back, another thread, ``close``). A damaged unit raises ``IntegrityError``, a
-file whose version changed ``FileChangedError``.
+the guarded reader (pinned to the version listed) into a buffer of its own, hashed as it lands,
+and compared with the manifest; only then is it kept, and only kept units are served. A kept
+unit is never written to while anything but the file refers to it: copies out of it run under
+the file's lock, and once dropped, its buffer is filled again (for a later unit) only when its
+reference count says that no view of it handed out is still alive. So bytes a caller copies or
+views are always the bytes that verified, whatever else happens meanwhile (read-ahead, a seek
+back, another thread, ``close``). A damaged unit raises ``IntegrityError``, a file whose version
+changed ``FileChangedError``.
 
 At most :data:`HELD_UNITS` units are kept per open file, two when it is read in order (the one
 being read and the next). The next :data:`READ_AHEAD` unit is read ahead on a helper thread while
