@@ -7,6 +7,7 @@ Internal: :mod:`integrity_fs.read` and the loaders built on it use these.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 
 __all__ = ["FILLABLE_BYTES", "UNLOCKED_COPY_MIN", "copy_out", "unfilled_bytes"]
@@ -16,7 +17,7 @@ __all__ = ["FILLABLE_BYTES", "UNLOCKED_COPY_MIN", "copy_out", "unfilled_bytes"]
 UNLOCKED_COPY_MIN = 256 * 1024
 
 
-def copy_out(target: memoryview, data: bytes | bytearray, offset: int) -> None:
+def copy_out(target: memoryview, data: bytes | bytearray | mmap.mmap, offset: int) -> None:
     """``target[:] = data[offset : offset + len(target)]`` without an intermediate copy; a large
     copy releases the GIL while it runs."""
     n = len(target)

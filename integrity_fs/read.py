@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import mmap
 import os
 import sys
 import tempfile
@@ -184,12 +185,13 @@ class _Fetch:
 
     future: Future[Unit]
     stop: threading.Event
-    spare: bytearray | None = None
+    spare: mmap.mmap | None = None
 
 
-#: A verified unit's bytes: a ``bytearray`` of a whole chunk (whose buffer is filled again for
-#: another unit once nothing else refers to it), else ``bytes``.
-Unit = bytes | bytearray
+#: A verified unit's bytes: a whole chunk in anonymous memory of its own (``mmap``: the kernel
+#: gives it zeroed as it is first written, no pass of zeroes holding the GIL; filled again for a
+#: later unit once nothing else refers to it), else ``bytes``.
+Unit = bytes | mmap.mmap
 #: Whether a buffer's references can be counted (CPython): a dropped unit's buffer is filled again
 #: only when the count says that nothing but the file refers to it.
 _COUNTS_REFERENCES = hasattr(sys, "getrefcount") and sys.implementation.name == "cpython"
@@ -214,7 +216,7 @@ class VerifiedFile(io.RawIOBase):
         self._position = 0
         self._lock = threading.RLock()  # every method; RawIOBase.read calls readinto
         self._held: dict[int, _Fetch] = {}
-        self._spare: list[bytearray] = []  # buffers of dropped units that nothing refers to
+        self._spare: list[mmap.mmap] = []  # buffers of dropped units that nothing refers to
         self._stops = _Stops()
         self._pool: ThreadPoolExecutor | None = None
         # Through a caching layer, one read at a time: fsspec's caches are filled by the first
@@ -502,16 +504,16 @@ class VerifiedFile(io.RawIOBase):
             return
         data = fetch.future.result()
         if (
-            isinstance(data, bytearray)
+            isinstance(data, mmap.mmap)
             and len(self._spare) + len(self._held) < HELD_UNITS
             and sys.getrefcount(data) <= _ONLY_THE_FILE
         ):
             self._spare.append(data)
 
-    def _read_unit(self, index: int, stop: threading.Event, spare: bytearray | None = None) -> Unit:
+    def _read_unit(self, index: int, stop: threading.Event, spare: mmap.mmap | None = None) -> Unit:
         start, end = self._units.range(index)
         if end - start == self._units.size:  # a whole chunk: its buffer may serve again
-            buffer = spare if spare is not None else bytearray(end - start)
+            buffer = spare if spare is not None else mmap.mmap(-1, end - start)
             self._check(index, _hash_into(self.entry, start, memoryview(buffer), stop))
             return buffer
         if FILLABLE_BYTES and end - start >= 2:
