@@ -369,6 +369,7 @@ def test_tensors_of_every_dtype_and_layout_load_as_dcp_loads_them(tmp_path: Path
         "transposed": base.t(),
         "into_f64": base,
         "into_transposed": base,
+        "into_conj": torch.complex(base, base),
     }
     dcp.save(state, url, granularity="chunk", chunk_size=CHUNK)
 
@@ -376,6 +377,7 @@ def test_tensors_of_every_dtype_and_layout_load_as_dcp_loads_them(tmp_path: Path
         out = {name: torch.zeros_like(value) for name, value in state.items()}
         out["into_f64"] = torch.zeros(300, 200, dtype=torch.float64)  # converted as it is copied
         out["into_transposed"] = torch.zeros(200, 300).t()  # not contiguous
+        out["into_conj"] = torch.zeros(300, 200, dtype=torch.complex64).conj()  # written through its conjugate
         return out
 
     ours, plain = targets(), targets()

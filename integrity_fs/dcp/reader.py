@@ -326,10 +326,12 @@ def copy_tensor(target: torch.Tensor, source: torch.Tensor) -> None:
         type(target) is torch.Tensor
         and type(source) is torch.Tensor
         and target.device.type == source.device.type == "cpu"
+        and target.layout == source.layout == torch.strided
         and target.dtype == source.dtype
         and target.shape == source.shape
         and target.is_contiguous()
         and source.is_contiguous()
+        and not (target.is_conj() or source.is_conj() or target.is_neg() or source.is_neg())
         and not target.requires_grad
     ):
         ctypes.memmove(target.data_ptr(), source.data_ptr(), target.nbytes)
