@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
+from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractBufferedFile
 
 from ..errors import FileChangedError
@@ -299,13 +300,15 @@ def _changed(fs: fsspec.AbstractFileSystem, path: str, listed: Version, now: str
 
 def _open_buffered(fs: fsspec.AbstractFileSystem, path: str) -> Any:
     """A binary reader of its own for ``path``, tuned for sequential streaming (readahead where it
-    applies). fsspec's memory file system hands every opener the same ``BytesIO``: its bytes get a
-    reader of their own here (no copy), so that reads on other threads never move this one."""
+    applies). fsspec's memory file system hands every opener the very ``BytesIO`` it stores: its
+    bytes get a reader of their own here (no copy), so that reads on other threads never move it."""
     try:
         f = fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
     except TypeError:  # a backend whose open() takes no cache options
         f = fs.open(path, "rb")
-    return io.BytesIO(f.getvalue()) if isinstance(f, io.BytesIO) else f
+    if isinstance(fs, MemoryFileSystem) and fs.store.get(fs._strip_protocol(path)) is f:
+        return io.BytesIO(f.getvalue())
+    return f
 
 
 def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> None:
