@@ -1,14 +1,12 @@
 """open: a file of a sealed checkpoint that returns only verified bytes, read once.
 
 The file is read in its manifest's units (a chunk, or the whole file). A unit is read through
-the guarded reader (pinned to the version listed) into a buffer of its own, hashed as it lands,
-and compared with the manifest; only then is it kept, and only kept units are served. A kept
-unit is never written to while anything but the file refers to it: copies out of it run under
-the file's lock, and once dropped, its buffer is filled again (for a later unit) only when its
-reference count says that no view of it handed out is still alive. So bytes a caller copies or
-views are always the bytes that verified, whatever else happens meanwhile (read-ahead, a seek
-back, another thread, ``close``). A damaged unit raises ``IntegrityError``, a file whose version
-changed ``FileChangedError``.
+the guarded reader (pinned to the version listed) into a new ``bytes`` object, hashed as it
+lands, and compared with the manifest; only then is it kept, and only kept units are served. A
+kept unit is never written to again and never reused for another: dropping it only forgets it,
+so bytes a caller copies or views are always the bytes that verified, whatever else happens
+meanwhile (read-ahead, a seek back, another thread, ``close``). A damaged unit raises
+``IntegrityError``, a file whose version changed ``FileChangedError``.
 
 At most :data:`HELD_UNITS` units are kept per open file, two when it is read in order (the one
 being read and the next). The next :data:`READ_AHEAD` unit is read ahead on a helper thread while
@@ -37,9 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
-import mmap
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -179,25 +175,11 @@ class _Stops:
 
 @dataclass
 class _Fetch:
-    """A unit being read (or read): its verified bytes once ``future`` is done, the event that
-    stops its read when the unit is dropped before it is done, and the buffer of a unit dropped
-    before, to read it into (see ``VerifiedFile._keep_spare``)."""
+    """A unit being read (or read): its verified bytes once ``future`` is done, and the event that
+    stops its read when the unit is dropped before it is done."""
 
-    future: Future[Unit]
+    future: Future[bytes]
     stop: threading.Event
-    spare: mmap.mmap | None = None
-
-
-#: A verified unit's bytes: a whole chunk in anonymous memory of its own (``mmap``: the kernel
-#: gives it zeroed as it is first written, no pass of zeroes holding the GIL; filled again for a
-#: later unit once nothing else refers to it), else ``bytes``.
-Unit = bytes | mmap.mmap
-#: Whether a buffer's references can be counted (CPython): a dropped unit's buffer is filled again
-#: only when the count says that nothing but the file refers to it.
-_COUNTS_REFERENCES = hasattr(sys, "getrefcount") and sys.implementation.name == "cpython"
-#: ``sys.getrefcount`` of a dropped unit's buffer that nothing else refers to: its fetch's result,
-#: the name it is looked at by, and the call's own argument.
-_ONLY_THE_FILE = 3
 
 
 class VerifiedFile(io.RawIOBase):
@@ -216,7 +198,6 @@ class VerifiedFile(io.RawIOBase):
         self._position = 0
         self._lock = threading.RLock()  # every method; RawIOBase.read calls readinto
         self._held: dict[int, _Fetch] = {}
-        self._spare: list[mmap.mmap] = []  # buffers of dropped units that nothing refers to
         self._stops = _Stops()
         self._pool: ThreadPoolExecutor | None = None
         # Through a caching layer, one read at a time: fsspec's caches are filled by the first
@@ -365,7 +346,6 @@ class VerifiedFile(io.RawIOBase):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             self._held.clear()
-            self._spare.clear()
             if self._spool is not None:
                 self._spool.close()
             super().close()
@@ -422,7 +402,7 @@ class VerifiedFile(io.RawIOBase):
         copy_out(view[:n], data, self._position - start)
         return n
 
-    def _verified(self, index: int, *, read_ahead: bool) -> Unit:
+    def _verified(self, index: int, *, read_ahead: bool) -> bytes:
         """The verified bytes of unit ``index``: held, being read ahead, or read now, in this
         thread (after the next ones were sent to be read ahead, so that they are hashed while
         this one is). A unit that fails is not kept: asked for again, it is read again."""
@@ -447,15 +427,12 @@ class VerifiedFile(io.RawIOBase):
             raise closed from exc
 
     def _fetch(self, index: int) -> _Fetch:
-        """A new read of unit ``index``, into a spare buffer when one is kept and the unit fills it."""
-        start, end = self._units.range(index)
-        spare = self._spare.pop() if self._spare and end - start == self._units.size else None
-        return _Fetch(Future(), self._stops.new(), spare)
+        """A new read of unit ``index``, not yet started."""
+        return _Fetch(Future(), self._stops.new())
 
     def _load(self, index: int, fetch: _Fetch) -> None:
-        spare, fetch.spare = fetch.spare, None
         try:
-            fetch.future.set_result(self._read_unit(index, fetch.stop, spare))
+            fetch.future.set_result(self._read_unit(index, fetch.stop))
         except BaseException as exc:
             fetch.future.set_exception(exc)
         finally:
@@ -490,32 +467,10 @@ class VerifiedFile(io.RawIOBase):
     def _drop(self, index: int) -> None:
         """Forget unit ``index`` (its bytes live on while anything still refers to them); a read
         still under way is stopped."""
-        fetch = self._held.pop(index)
-        fetch.stop.set()
-        self._keep_spare(fetch)
+        self._held.pop(index).stop.set()
 
-    def _keep_spare(self, fetch: _Fetch) -> None:
-        """Keep the buffer of a dropped unit, to read a later unit into, when nothing but this file
-        refers to it any more: no view of it handed out (``region``) still alive, and no copy out
-        of it under way (every copy runs under the file's lock, as this does). So a buffer is filled
-        again only when nothing can see it: what a caller holds never changes. At most as many
-        buffers are kept as units may be held."""
-        if not _COUNTS_REFERENCES or not fetch.future.done() or fetch.future.exception() is not None:
-            return
-        data = fetch.future.result()
-        if (
-            isinstance(data, mmap.mmap)
-            and len(self._spare) + len(self._held) < HELD_UNITS
-            and sys.getrefcount(data) <= _ONLY_THE_FILE
-        ):
-            self._spare.append(data)
-
-    def _read_unit(self, index: int, stop: threading.Event, spare: mmap.mmap | None = None) -> Unit:
+    def _read_unit(self, index: int, stop: threading.Event) -> bytes:
         start, end = self._units.range(index)
-        if end - start == self._units.size:  # a whole chunk: its buffer may serve again
-            buffer = spare if spare is not None else mmap.mmap(-1, end - start)
-            self._check(index, _hash_into(self.entry, start, memoryview(buffer), stop))
-            return buffer
         if FILLABLE_BYTES and end - start >= 2:
             data, view = unfilled_bytes(end - start)
             self._check(index, _hash_into(self.entry, start, view, stop))
