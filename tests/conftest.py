@@ -11,8 +11,10 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 
 import posixpath
+import shutil
 import signal
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -302,15 +304,61 @@ def backends(*names: str) -> Any:
     return fixture
 
 
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The tests that must run in one pytest-xdist worker, one after the other: those of a file
+    that share a fixture built once per file (a launch of ranks, a tree of checkpoints), so that
+    it is built once; and those marked ``xdist_group(name)`` (the steps of one docs page)."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0])
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else []
+    if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For pytest-xdist's ``--dist loadgroup`` (``-n 2``): the tests of a file that share a fixture
-    built once per file (a launch of ranks, a tree of checkpoints) form one group, run by one
-    worker, so that the fixture is built once; every other test goes to whichever worker is free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else []
-        if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    """In a pytest-xdist worker: write down the groups, for the scheduler below."""
+    where = getattr(config, "workerinput", {}).get("test_groups")
+    if where is not None:
+        groups = {item.nodeid: group for item in items if (group := xdist_group_of(item)) is not None}
+        Path(where).write_text(json.dumps(groups))
+
+
+#: Where the workers write their groups (one file each, all the same: they collect the same tests).
+_GROUPS: list[Path] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    if not _GROUPS:
+        _GROUPS.append(Path(tempfile.mkdtemp(prefix="test-groups-")))
+    node.workerinput["test_groups"] = str(_GROUPS[0] / f"{node.gateway.id}.json")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _GROUPS:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n 2``: pytest-xdist's scheduling by scope, each group (``xdist_group_of``) one scope sent to
+    one worker, every other test a scope of its own. The groups go out first, those of the most
+    tests first, then one test at a time to whichever worker has little left. (pytest-xdist's
+    own ``--dist loadgroup`` finds no group under pytest 9.2, whose node ids it cannot amend.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(next(_GROUPS[0].iterdir()).read_text()) if _GROUPS else {}
+            return self.groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
 
 
 class AfterListing(Callback):  # type: ignore[misc]  # fsspec is untyped

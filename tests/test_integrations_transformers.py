@@ -18,6 +18,7 @@ pytest.importorskip("accelerate")
 
 import torch
 from dist_launch import run_ranks
+from fork_server import BASE, TRANSFORMERS
 from hf_trainer import Steps, trainer
 from safetensors.torch import load_file
 from transformers import TrainerCallback
@@ -202,7 +203,9 @@ def test_a_failed_seal_stops_the_run(tmp_path: Path) -> None:
 def test_a_distributed_trainer_seals_once_every_rank_has_written(tmp_path: Path) -> None:
     """Two DDP ranks over gloo: rank 1 writes rng_state_1.pth 1.5 s late, rank 0 seals after it;
     both agree on where to resume; a failed seal raises the same error on both ranks."""
-    results = run_ranks("dist_trainer_worker.py", 2, {"root": str(tmp_path)}, tmp_path, timeout=240)
+    results = run_ranks(
+        "dist_trainer_worker.py", 2, {"root": str(tmp_path)}, tmp_path, timeout=240, warm=[*BASE, *TRANSFORMERS]
+    )
     assert results["world_size"] == [2, 2]
     run = tmp_path / "run"
     assert results["sealed"] == [[str(run / "checkpoint-2"), str(run / "checkpoint-4")], []]
