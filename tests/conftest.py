@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -270,6 +271,57 @@ def ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def ctrl_c_until(stopped: threading.Event) -> None:
+    """A real Ctrl-C (SIGINT to the main thread), pressed again each second until ``stopped`` is
+    set: one that lands just before the main thread blocks on a lock is only seen once the lock
+    is released (CPython runs the handler when the thread next runs Python code)."""
+    while True:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        if stopped.wait(1):
+            return
+
+
+@dataclass
+class Hashing:
+    stops: list[threading.Event]
+    waiting: threading.Event
+
+    @property
+    def stop(self) -> threading.Event:
+        """The stop flag of the latest hashing."""
+        return self.stops[-1]
+
+
+@pytest.fixture
+def hashing(monkeypatch: pytest.MonkeyPatch) -> Hashing:
+    """What the hashing engine (``integrity_fs.work``) is doing: the stop flag of each hashing
+    (the one ``storage.hash_range`` is given) and whether the latest one has handed out every
+    task and waits for its workers, for tests that stop it at a chosen point."""
+    from integrity_fs import storage, work
+
+    seen = Hashing([], threading.Event())
+    hash_range, run_parallel, wait = storage.hash_range, work.run_parallel, work.wait
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        stop = kwargs.get("stop")
+        if stop is not None and all(stop is not s for s in seen.stops):
+            seen.stops.append(stop)
+        return hash_range(*args, **kwargs)
+
+    def parallel(*args: Any, **kwargs: Any) -> Any:
+        seen.waiting.clear()  # a new hashing: its tasks are not all handed out yet
+        return run_parallel(*args, **kwargs)
+
+    def waits(*args: Any, **kwargs: Any) -> Any:
+        seen.waiting.set()
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "hash_range", recording)
+    monkeypatch.setattr(work, "run_parallel", parallel)
+    monkeypatch.setattr(work, "wait", waits)
+    return seen
 
 
 def sigint_as_in_a_terminal() -> None:
