@@ -201,8 +201,8 @@ def test_a_failed_seal_stops_the_run(tmp_path: Path) -> None:
 
 
 def test_a_distributed_trainer_seals_once_every_rank_has_written(tmp_path: Path) -> None:
-    """Two DDP ranks over gloo: rank 1 writes rng_state_1.pth 1.5 s late, rank 0 seals after it;
-    both agree on where to resume; a failed seal raises the same error on both ranks."""
+    """Two DDP ranks over gloo: rank 1 writes rng_state_1.pth only once rank 0 is in on_save, rank 0
+    seals after it; both agree on where to resume; a failed seal raises the same error on both ranks."""
     results = run_ranks(
         "dist_trainer_worker.py", 2, {"root": str(tmp_path)}, tmp_path, timeout=240, warm=[*BASE, *TRANSFORMERS]
     )
