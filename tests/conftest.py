@@ -356,6 +356,19 @@ def backends(*names: str) -> Any:
     return fixture
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In the processes that run tests, torch computes on one thread: the models here are tiny,
+    and on a loaded machine its second thread spins waiting for a core (a Trainer step took 3x
+    the CPU). The launched ranks get the same with ``OMP_NUM_THREADS=1``."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # pytest-xdist's controller runs no test
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The tests that must run in one pytest-xdist worker, one after the other: those of a file
     that share a fixture built once per file (a launch of ranks, a tree of checkpoints), so that
