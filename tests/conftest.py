@@ -1,6 +1,7 @@
 """Storage-agnostic fixtures: one test suite, run offline on local, memory, S3 (moto) and GCS (emulator)."""
 
 import json
+import logging
 import os
 
 # Must be set before gcsfs is first imported: gcsfs reads it at import time, and with its default
@@ -44,7 +45,11 @@ class Backend:
 
     def write(self, relname: str, data: bytes) -> None:
         path = self.path(relname)
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        if self.name in (
+            "local",
+            "memory",
+        ):  # an object store has no folders to make (s3fs and gcsfs ask for the bucket)
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         self.fs.pipe_file(path, data)
         self.fs.invalidate_cache()
 
@@ -107,6 +112,9 @@ def s3_endpoint() -> Iterator[str]:
     _moto_lists_its_services_once()
 
     # moto's in-process mock_aws does not intercept aiobotocore (s3fs): use a real local server.
+    # werkzeug logs every request at INFO, through a handler of its own to stderr, when nothing
+    # says otherwise; the tests that count requests through that log set INFO themselves.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()  # the port the OS gave: no race with other processes
@@ -369,16 +377,34 @@ def backends(*names: str) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In the processes that run tests, torch computes on one thread: the models here are tiny,
-    and on a loaded machine its second thread spins waiting for a core (a Trainer step took 3x
-    the CPU). The launched ranks get the same with ``OMP_NUM_THREADS=1``."""
+    """In the processes that run tests: only the tests' own asserts are rewritten, and torch
+    computes on one thread (the models here are tiny, and on a loaded machine its second thread
+    spins waiting for a core: a Trainer step took 3x the CPU; the launched ranks get the same
+    with ``OMP_NUM_THREADS=1``)."""
     if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
         return  # pytest-xdist's controller runs no test
+    _rewrite_only_the_tests_asserts(config)
     try:
         import torch
     except ImportError:
         return
     torch.set_num_threads(1)
+
+
+def _rewrite_only_the_tests_asserts(config: pytest.Config) -> None:
+    """pytest rewrites the asserts of every module of each installed package that brings a pytest
+    plugin (hypothesis: the ~75 modules the tests import), for its failure reports, and with
+    nothing cached (a fresh environment, or PYTHONDONTWRITEBYTECODE) every pytest process does
+    it again: ~5 s of CPU each. The tests' own files (``test_*.py``, ``conftest.py``) are still
+    rewritten; the packages' modules are left as they are. (pytest has no public switch for
+    this: without its private list of marked packages, nothing changes.)"""
+    try:
+        from _pytest.assertion.rewrite import assertstate_key
+    except ImportError:
+        return
+    marked = getattr(getattr(config.stash.get(assertstate_key, None), "hook", None), "_must_rewrite", None)
+    if isinstance(marked, set):
+        marked.clear()
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:

@@ -12,7 +12,9 @@ module. The server reaps each child and reports its exit code (``-N`` for a sign
 ``subprocess`` does).
 
 A child shares the server's hash seed (string hashes and set order), which a new interpreter
-would draw afresh; ``random`` and ``numpy.random`` are reseeded in each child.
+would draw afresh; ``random`` and ``numpy.random`` are reseeded in each child. torch computes on
+one thread in a child whose environment does not set ``OMP_NUM_THREADS`` (the server imports it
+so): the tensors here are tiny, and on a loaded machine a second thread spins for a core.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class _Server:
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"},
             cwd=TESTS,
         )
         self.exits: dict[int, int] = {}
