@@ -45,10 +45,7 @@ class Backend:
 
     def write(self, relname: str, data: bytes) -> None:
         path = self.path(relname)
-        if self.name in (
-            "local",
-            "memory",
-        ):  # an object store has no folders to make (s3fs and gcsfs ask for the bucket)
+        if self.name in ("local", "memory"):  # object stores have no folders (s3fs would ask for the bucket)
             self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         self.fs.pipe_file(path, data)
         self.fs.invalidate_cache()
@@ -305,6 +302,8 @@ def ctrl_c_until(stopped: threading.Event) -> None:
 
 @dataclass
 class Hashing:
+    """What the ``hashing`` fixture saw."""
+
     stops: list[threading.Event]
     waiting: threading.Event
 
