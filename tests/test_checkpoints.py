@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
