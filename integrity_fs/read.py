@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import operator
 import os
 import tempfile
 import threading
@@ -226,6 +227,7 @@ class VerifiedFile(io.RawIOBase):
             return self._position
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        offset, whence = operator.index(offset), operator.index(whence)  # TypeError, as FileIO's
         with self._lock:
             self._check_open()
             if whence == os.SEEK_SET:
@@ -246,6 +248,16 @@ class VerifiedFile(io.RawIOBase):
             self._check_open()
             return self._read_into(memoryview(buffer).cast("B"), let_go=False)
 
+    def _from_spool(self, view: memoryview) -> int:
+        assert self._spool is not None
+        try:
+            return self._spool.readinto(view, self._position)
+        except Exception as exc:
+            closed = self._closed_or(exc)
+            if closed is exc:
+                raise
+            raise closed from exc
+
     def _read_into(self, view: memoryview, *, let_go: bool) -> int:
         """``readinto``; ``let_go``: each unit the read passes goes once its bytes are copied (a
         region read once, whose units are not needed again: while the read waits for its next
@@ -257,7 +269,7 @@ class VerifiedFile(io.RawIOBase):
         done = 0
         while done < len(view) and self._position < self.entry.size:
             if self._spool is not None:
-                n = self._spool.readinto(view[done:], self._position)
+                n = self._from_spool(view[done:])
             else:
                 entered = self._position == start == self._region or self._position % self._units.size == 0
                 n = self._copy_from_unit(view[done:], read_ahead=on and entered)
@@ -555,7 +567,7 @@ class _Spool:
 
     def _fill(self) -> Any:
         entry = self._entry
-        spool = tempfile.TemporaryFile(prefix="integrity_fs-spool-", buffering=0)  # noqa: SIM115  # kept until close
+        spool = _new_spool(entry)
         stop = self._stops.new()
         try:
             with _as_content(entry), _spooling(entry):
@@ -603,6 +615,21 @@ class _SpoolWriter:
         view = memoryview(data)
         while view:
             view = view[self._spool.write(view) :]
+
+
+def _new_spool(entry: Entry) -> Any:
+    """An unlinked temporary file in ``TMPDIR``. One that cannot be made is a plain ``OSError`` (its
+    ``errno`` kept) that names the spool: a missing ``TMPDIR`` is not the checkpoint's file gone."""
+    try:
+        return tempfile.TemporaryFile(prefix="integrity_fs-spool-", buffering=0)  # kept until close
+    except OSError as exc:
+        error = OSError(
+            f"cannot make a spool in {tempfile.gettempdir()} to verify {printable(entry.name)} ({entry.size} "
+            f"bytes) before serving it: {exc.strerror or exc} (set TMPDIR to a folder that exists and has room, "
+            "or seal with granularity='chunk')"
+        )
+        error.errno = exc.errno  # not in the constructor: OSError(ENOENT, ...) would be a FileNotFoundError
+        raise error from exc
 
 
 @contextlib.contextmanager

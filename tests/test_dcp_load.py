@@ -476,3 +476,26 @@ def test_options_that_do_nothing_warn_and_say_why(tmp_path: Path, call: str, opt
         warnings.simplefilter("error", DeprecationWarning)
         dcp.load(_empty(), url)  # left out: no warning
         dcp.load_latest(_empty(), tmp_path / "run")
+
+
+def test_load_latest_with_no_room_to_spool_raises_instead_of_skipping_every_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's ``TMPDIR`` removed under it, and shards of file granularity too large to hold (they
+    are verified into a spool): a fault of this machine, raised, not every checkpoint skipped as
+    vanished with ``None`` returned (a job would then start again from scratch)."""
+    import tempfile
+
+    from integrity_fs import read
+
+    for step in (1, 2):
+        dcp.save(_state(seed=step), tmp_path / "run" / f"step_{step}", granularity="file")
+    monkeypatch.setattr(read, "WHOLE_FILE_LIMIT", 1024)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "removed-tmpdir"))
+    target = _empty()
+    with pytest.raises(OSError, match="spool") as raised:
+        dcp.load_latest(target, tmp_path / "run")
+    assert not isinstance(raised.value, FileNotFoundError)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert dcp.load_latest(target, tmp_path / "run") == str(tmp_path / "run" / "step_2")
+    assert _verified_only(target, _state(seed=2)) == [f"t{i}" for i in range(6)]
