@@ -107,12 +107,15 @@ def open(
     serving, root = storage.resolve(url, storage_options, fs, through_caches=True)
     store = storage.beneath_caches(serving)
     options = verify_options(manifest=manifest, public_key=public_key)
-    found = manifests.manifest_in_use(store, root, options).manifest
+    in_use = manifests.manifest_in_use(store, root, options)
+    found = in_use.manifest
     location = storage.describe(store, root)
+    size, version = storage.stat_file(store, root, name)
+    if name not in found.files and in_use.empty_unsigned and size == 0:
+        found = signing.with_empty_files(found, {name: 0})  # model_signing's shards: passes while empty
     if name not in found.files:
         raise FileNotFoundError(f"{printable(name)} is not in the manifest of {location}")
     path = storage.join(root, name)
-    size, version = storage.stat_file(store, root, name)
     expected = found.sizes[name] if found.sizes is not None else size
     if size is None:
         raise IntegrityError(Report(problems=(Problem(name, "missing", expected=found.files[name]),)), location)
