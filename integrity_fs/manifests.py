@@ -68,10 +68,6 @@ def load_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
         raise ManifestError(f"{storage.describe(fs, root)}/{MANIFEST_FILENAME}: {exc}") from exc
 
 
-def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> None:
-    storage.write_atomic(fs, storage.join(root, MANIFEST_FILENAME), manifest.to_json())
-
-
 def model_name(root: str) -> str:
     """The checkpoint's name as model_signing records it: the root's last component."""
     return root.rstrip("/").rsplit("/", 1)[-1] or "/"

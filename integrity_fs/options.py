@@ -49,11 +49,6 @@ class Hashing:
         """How ``manifest``'s digests were made."""
         return cls(manifest.algorithm, manifest.granularity, manifest.chunk_size)
 
-    @property
-    def unit_size(self) -> int | None:
-        """The length of a hashed unit: the chunk size, or ``None`` (whole files)."""
-        return self.chunk_size
-
     def __str__(self) -> str:
         chunks = "" if self.chunk_size is None else f", chunk_size={self.chunk_size}"
         return f"algorithm={self.algorithm!r}, granularity={self.granularity!r}{chunks}"

@@ -26,7 +26,7 @@ from .hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY, Unit, file_digest, 
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
 from .options import Hashing, SealOptions, Work
 from .recorded import CHECKSUMS_FILENAME, ObjectState
-from .report import SIGNATURE_FILENAME, printable
+from .report import SIGNATURE_FILENAME, printable, shortened
 from .verify import log_done, verify, whole_files
 from .work import Grown, UnitOutcome, hash_units
 
@@ -179,7 +179,7 @@ def finish_seal(
     nothing is written."""
     gone = sorted({u.name for u, d in digests.items() if d is None})
     if gone:
-        raise FileNotFoundError(f"files vanished while sealing {plan.location}: {_names(gone)}")
+        raise FileNotFoundError(f"files vanished while sealing {plan.location}: {shortened(gone, 10)}")
     manifest = build_manifest(options.hashing, plan.sizes, digests)
     manifests.write_sealed(fs, root, manifest, key=options.key)
     return manifest
@@ -219,15 +219,10 @@ def check_names(fs: fsspec.AbstractFileSystem, root: str, sizes: Mapping[str, in
     """``ValueError`` naming the files whose names a manifest cannot hold (rename them)."""
     bad = [f"{_shown(name)} ({reason})" for name in sizes if (reason := _unholdable(name))]
     if bad:
-        shown = "; ".join(bad[:10]) + (f"; ... and {len(bad) - 10} more" if len(bad) > 10 else "")
+        shown = shortened(bad, 10, sep="; ")
         raise ValueError(
             f"cannot seal {storage.describe(fs, root)}: a manifest cannot hold these file names, rename them: {shown}"
         )
-
-
-def _names(names: list[str], limit: int = 10) -> str:
-    shown = ", ".join(printable(n) for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _unholdable(name: str) -> str | None:
@@ -263,7 +258,7 @@ def build_manifest(hashing: Hashing, sizes: Mapping[str, int], digests: Mapping[
     if grown:
         raise FileChangedError(
             f"files changed size while they were sealed (not the size listed; seal again once nothing writes to "
-            f"the checkpoint): {_names(grown)}",
+            f"the checkpoint): {shortened(grown, 10)}",
             grown,
         )
     if granularity == "file":  # one unit per file, whose digest is the file's: no lists to build

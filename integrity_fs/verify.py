@@ -27,7 +27,7 @@ from .hashing import Unit, chunk_range, file_digest, plan_units
 from .manifest import Manifest
 from .options import Attested, VerifyOptions, Work
 from .recorded import CHECKSUMS_FILENAME, ObjectState, Records, attesting_kinds
-from .report import Problem, Report, printable
+from .report import Problem, Report, every_file_differs, printable, shortened
 from .work import Grown, UnitOutcome, hash_units
 
 __all__ = [
@@ -172,11 +172,9 @@ def verify_options(
 
 
 def warn_if_b3sum(report: Report, source: object) -> None:
-    """A WARNING when every file checked against a list read as ``sha256sum`` output differs:
-    ``b3sum`` writes lists of the same shape, so that is more likely a BLAKE3 list than a
-    checkpoint damaged throughout."""
-    every = bool(report.files_checked) and len(report.problems) == report.files_checked
-    if every and all(p.kind == "mismatch" for p in report.problems):
+    """A WARNING when every file checked against a list read as ``sha256sum`` output differs
+    (:func:`~integrity_fs.report.every_file_differs`)."""
+    if every_file_differs(report):
         log.warning(
             "every file differs from %s, read as sha256sum output: if b3sum wrote it (the same layout, "
             "BLAKE3 digests), verify with manifest_format='b3sum' (CLI --manifest-format b3sum)",
@@ -270,9 +268,7 @@ def check_covered(signed: Manifest, listing: Mapping[str, int], location: str) -
     uncovered = sorted(name for name in listing if name not in signed.files)
     if not uncovered:
         return
-    shown = ", ".join(printable(n) for n in uncovered[:10]) + (
-        f" and {len(uncovered) - 10} more" if len(uncovered) > 10 else ""
-    )
+    shown = shortened(uncovered, 10)
     report = Report(problems=tuple(Problem(name, "extra", actual=listing[name]) for name in uncovered))
     raise SignatureError(f"files the signature does not cover: {shown}", report, location)
 

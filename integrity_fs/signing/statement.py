@@ -27,7 +27,7 @@ from ..errors import ManifestError
 from ..hashing import chunk_count, chunk_range, combine_chunk_digests
 from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
 from ..recorded import CHECKSUMS_FILENAME
-from ..report import SIGNATURE_FILENAME, printable
+from ..report import SIGNATURE_FILENAME, printable, shortened
 
 __all__ = [
     "EMPTY_SHA256",
@@ -107,7 +107,7 @@ def check_shard_names(granularity: str, sizes: Mapping[str, int]) -> None:
     bad = sorted(name for name, size in sizes.items() if size and ":" in name)
     if bad:
         raise ValueError(
-            f"{bad[0]!r}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}: model_signing's shard "
+            f"{shortened([repr(name) for name in bad], 1)}: model_signing's shard "
             "names cannot hold a file name with ':' (sign with granularity='file')"
         )
 

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 import shutil
-from collections.abc import Iterable
 from typing import Any
 
 import fsspec
@@ -33,7 +32,7 @@ from .destination import Destination
 from .staging import STAGING_MARK
 from .streaming import Side, sent_as_listed, stream, unit_digests, verified_copy
 
-__all__ = ["STAGING_MARK", "check_local_names", "copy", "download", "upload"]
+__all__ = ["STAGING_MARK", "copy", "download", "upload"]
 
 URL = str | os.PathLike[str]
 
@@ -84,7 +83,7 @@ def download(
     plan = prepare(src.fs, src.root, VerifyOptions(strict=strict, manifest=manifest), versions=versions).plan
     if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), src.location)
-    check_local_names(plan.sizes, src.location)
+    storage.check_no_clashes(src.fs, src.root, plan.sizes, "download")
     signature = _signature_of(src)
     created = [] if into else staging.make_dirs(parent)
     stage = staging.staging_path(where, name)
@@ -235,7 +234,7 @@ def copy(
     if plan.problems:
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
     if storage.is_local(target.fs):
-        check_local_names(plan.sizes, source.location)
+        storage.check_no_clashes(source.fs, source.root, plan.sizes, "copy to a local disk")
     signature = _signature_of(source)
     into = Destination(target, plan.sizes, overwrite=overwrite)
     try:
@@ -246,22 +245,6 @@ def copy(
         raise
     into.finish(manifest)
     return report
-
-
-def check_local_names(names: Iterable[str], location: str) -> None:
-    """``ValueError`` naming both when ``names`` holds a file and a folder of one name (``sub``
-    and ``sub/x``): an object store holds both, a local directory cannot. Called before anything
-    is transferred to a local disk."""
-    present = set(names)
-    for name in sorted(present):
-        parts = name.split("/")
-        for depth in range(1, len(parts)):
-            folder = "/".join(parts[:depth])
-            if folder in present:
-                raise ValueError(
-                    f"{printable(location)} holds a file {printable(folder)!r} and a file "
-                    f"{printable(name)!r} inside a folder of that name: a local directory cannot hold both"
-                )
 
 
 # --------------------------------------------------------------------------- checks and helpers

@@ -30,7 +30,7 @@ from .. import manifests, signing, storage
 from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..options import Hashing, VerifyOptions, Work
-from ..report import printable
+from ..report import printable, shortened
 from ..verify import prepare
 from ..work import default_workers, run_parallel
 from . import staging
@@ -184,9 +184,9 @@ def check_no_links(root: str, names: Iterable[str]) -> None:
                 links.append(path)
                 break
     if links:
-        shown = ", ".join(map(printable, sorted(links)[:5])) + (f" and {len(links) - 5} more" if len(links) > 5 else "")
         raise ValueError(
-            f"{printable(root)} holds symbolic links where the transfer would write: {shown}; a transfer never "
+            f"{printable(root)} holds symbolic links where the transfer would write: {shortened(sorted(links), 5)}; "
+            "a transfer never "
             "writes through a link: remove them, or choose another destination"
         )
 
