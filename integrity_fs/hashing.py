@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 __all__ = [
     "ALGORITHMS",
@@ -97,8 +97,8 @@ READ_SIZES: dict[str, int] = {
     "blake3": 4 * 1024 * 1024,
 }
 
-DEFAULT_ALGORITHM = "sha256"
-DEFAULT_GRANULARITY = "file"
+DEFAULT_ALGORITHM: Final = "sha256"
+DEFAULT_GRANULARITY: Final = "file"
 DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024
 
 

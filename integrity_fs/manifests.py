@@ -141,7 +141,7 @@ class InUse(NamedTuple):
 
 def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions) -> InUse:
     """The manifest ``options`` name (the root's by default; a file in any format), its signature
-    checked with ``options.key`` (and ``options.expected_name``); the name of its file when that
+    checked with ``options.public_key`` (and ``options.expected_name``); the name of its file when that
     lies inside the root (never content), the format of the file read (``None``: none was), and
     whether the signature leaves empty files to the listing (see :class:`InUse`).
 
@@ -149,12 +149,12 @@ def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOpt
     """
     wanted, in_use, kind = options.manifest, None, None
     if wanted is None:
-        found = load_manifest(fs, root) if options.key is None else load_manifest_if_any(fs, root)
+        found = load_manifest(fs, root) if options.public_key is None else load_manifest_if_any(fs, root)
     elif isinstance(wanted, Manifest):
         found = wanted
     else:
         found, in_use, kind = read_manifest_file(fs, root, wanted, format=options.manifest_format)
-        if kind == "model_signing" and options.key is None:
+        if kind == "model_signing" and options.public_key is None:
             log.warning(
                 "%s is a model_signing bundle: its digests are used, its signature is NOT checked "
                 "(pass public_key= to check the root's %s)",
@@ -162,8 +162,8 @@ def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOpt
                 signing.SIGNATURE_FILENAME,
             )
     covers = True
-    if options.key is not None:
-        found, covers = check_signature(fs, root, found, options.key, expected_name=options.expected_name)
+    if options.public_key is not None:
+        found, covers = check_signature(fs, root, found, options.public_key, expected_name=options.expected_name)
     assert found is not None
     return InUse(found, in_use, kind, not covers)
 

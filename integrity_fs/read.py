@@ -49,8 +49,8 @@ from . import manifests, signing, storage
 from .errors import IntegrityError
 from .hashing import DEFAULT_CHUNK_SIZE, chunk_range
 from .manifest import Manifest
+from .options import VerifyOptions
 from .report import Problem, Report, printable
-from .verify import verify_options
 
 __all__ = ["HELD_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
 
@@ -100,7 +100,7 @@ def open(
     """
     serving, root = storage.resolve(url, storage_options, fs, through_caches=True)
     store = storage.beneath_caches(serving)
-    options = verify_options(manifest=manifest, public_key=public_key)
+    options = VerifyOptions(manifest=manifest, public_key=public_key)
     found = manifests.manifest_in_use(store, root, options).manifest
     location = storage.describe(store, root)
     if name not in found.files:

@@ -7,9 +7,11 @@ Internal.
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -21,8 +23,21 @@ from fsspec.callbacks import Callback
 from . import storage
 from .hashing import Unit
 from .options import Work
+from .report import printable
 
-__all__ = ["REMOTE_WORKERS", "Grown", "UnitOutcome", "default_workers", "hash_units", "progress_fn", "run_parallel"]
+__all__ = [
+    "REMOTE_WORKERS",
+    "Grown",
+    "UnitOutcome",
+    "default_workers",
+    "hash_units",
+    "log_done",
+    "progress_fn",
+    "run_parallel",
+    "whole_files",
+]
+
+log = logging.getLogger("integrity_fs")
 
 T = TypeVar("T")
 #: Default workers, no progress.
@@ -191,3 +206,16 @@ def progress_fn(callback: Callback | None, total: int) -> storage.ProgressFn:
             cb.relative_update(n)
 
     return update
+
+
+def whole_files(units: Iterable[Unit]) -> dict[str, int]:
+    """The files of ``units`` that one unit reads whole (file granularity, one-chunk files): their
+    bytes pass in order through one reader, so the store's own checksums can be computed too."""
+    return {u.name: u.length for u in units if u.offset == 0 and u.length == u.file_size}
+
+
+def log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:
+    """An INFO line: what was done where, how much, how fast (since ``started``, a ``perf_counter``)."""
+    elapsed = time.perf_counter() - started
+    rate = nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
+    log.info("%s %s: %d files, %d bytes in %.2f s (%.2f GB/s)", what, printable(where), files, nbytes, elapsed, rate)

@@ -20,7 +20,7 @@ from fsspec.callbacks import Callback
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestError, ManifestNotFoundError
 from integrity_fs.cli import main as cli_main
-from integrity_fs.seal import MAX_CHUNKS_PER_FILE
+from integrity_fs.sealing import MAX_CHUNKS_PER_FILE
 
 # --- what seal writes --------------------------------------------------------------------------------
 

@@ -9,11 +9,12 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .. import formats, signing
 from ..hashing import ALGORITHMS, DEFAULT_ALGORITHM, GRANULARITIES
 from ..manifest import MANIFEST_FILENAME
+from ..options import Granularity
 from ..text import parse_size
 from .errors import KeyFileError, UsageError
 
@@ -117,8 +118,8 @@ def options_of(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     return build_storage_options(pairs)
 
 
-def granularity_of(args: argparse.Namespace) -> str:
-    return str(args.granularity or ("chunk" if args.chunk_size else "file"))
+def granularity_of(args: argparse.Namespace) -> Granularity:
+    return cast(Granularity, args.granularity or ("chunk" if args.chunk_size else "file"))
 
 
 def private_key_of(path: str | None) -> Any:

@@ -19,10 +19,12 @@ from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 
-from ..checkpoints import BAD_SIGNATURE, SKIPPED, CheckpointStatus, PruneResult
+from ..checkpoints import BAD_SIGNATURE, CheckpointStatus
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
+from ..retention import PruneResult
+from ..runs import SKIPPED
 from ..signing import SIGNATURE_FILENAME
 from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems, short_digest
 
@@ -300,7 +302,7 @@ def print_latest(root: str, url: str | None, skipped: Sequence[dict[str, str]], 
 @contextlib.contextmanager
 def skipped_checkpoints() -> Iterator[list[dict[str, str]]]:
     """The checkpoints the library skips while the block runs (``url``, ``reason``, ``error``),
-    from its "skipping" records (:data:`integrity_fs.checkpoints.SKIPPED`)."""
+    from its "skipping" records (:data:`integrity_fs.runs.SKIPPED`)."""
     found: list[dict[str, str]] = []
 
     class Collect(logging.Handler):

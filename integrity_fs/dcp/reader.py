@@ -25,9 +25,10 @@ from ..collectives import INSTALL_HINT
 from ..errors import IntegrityError, ManifestNotFoundError
 from ..manifest import Manifest
 from ..manifests import manifest_in_use
+from ..options import VerifyOptions
 from ..read import Entry, VerifiedFile
 from ..report import Problem, Report, printable
-from ..verify import Prepared, check_covered, plan_verification, verify_options
+from ..verification import Prepared, check_covered, plan_verification
 
 try:
     from torch.distributed.checkpoint._extension import ExtensionRegistry
@@ -89,10 +90,10 @@ def load_manifest(
     root, and whether a signature vouches for it; ``None`` for a checkpoint that has none, when
     that is allowed (:func:`check_listing` logs it)."""
     fs, root = storage.resolve(url, storage_options)
-    options = verify_options(manifest=manifest, public_key=public_key, expected_name=expected_name)
+    options = VerifyOptions(manifest=manifest, public_key=public_key, expected_name=expected_name)
     try:
         found = manifest_in_use(fs, root, options)
-        return found.manifest, found.file, options.key is not None, found.empty_unsigned
+        return found.manifest, found.file, options.public_key is not None, found.empty_unsigned
     except ManifestNotFoundError:
         if require_manifest:
             raise
@@ -188,7 +189,7 @@ class VerifyingFsspecReader(FsspecReader):
     ``max_workers`` are accepted for compatibility and not used: each rank verifies what it reads.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # the public reader's keywords
         self,
         path: URL,
         *,

@@ -15,12 +15,12 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .. import manifests, signing, storage
-from ..checkpoints import check_keep_last, prune, same_series
 from ..collectives import INSTALL_HINT
 from ..hashing import DEFAULT_ALGORITHM, Unit, chunk_range
 from ..manifest import Manifest
-from ..options import Hashing
-from ..seal import build_manifest, load_signing_key
+from ..options import Algorithm, Granularity, SealOptions
+from ..retention import check_keep_last, prune, same_series
+from ..sealing import build_manifest
 from .streams import HashingStream, SealingStream
 
 try:
@@ -85,22 +85,21 @@ class HashingFsspecWriter(FsspecWriter):
         self,
         path: URL,
         *,
-        algorithm: str = DEFAULT_ALGORITHM,
-        granularity: str = "chunk",
+        algorithm: Algorithm = DEFAULT_ALGORITHM,
+        granularity: Granularity = "chunk",
         chunk_size: int | None = None,
         private_key: signing.PrivateKey | None = None,
         keep_last: int | None = None,
         **kwargs: Any,
     ) -> None:
         if keep_last is not None:
-            check_keep_last(keep_last)
+            check_keep_last("keep_last", keep_last)
         self.keep_last = keep_last
-        hashing = Hashing(algorithm, granularity, chunk_size)
+        options = SealOptions(algorithm, granularity, chunk_size, private_key=private_key)
+        hashing = options.hashing
         chunk_size = hashing.chunk_size
         # Kept as PEM bytes: the writer is pickled for DCP's process executor, a key object is not picklable.
-        self._signing_pem: bytes | None = None
-        if private_key is not None:
-            self._signing_pem = _pem(load_signing_key(private_key, hashing))
+        self._signing_pem = None if options.private_key is None else _pem(options.private_key)
         super().__init__(path, **kwargs)
         resolved: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecWriter
         self.hashing_fs = _HashingFileSystem(resolved, algorithm, chunk_size)

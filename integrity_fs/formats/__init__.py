@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .. import signing
 from ..errors import ManifestError
@@ -23,12 +23,14 @@ from ..manifest import MANIFEST_FILENAME, Manifest, parse_json
 from ..report import shortened
 from .sums import SUM_FORMATS, dump_sums, is_sum_list, read_sums
 
-__all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
+__all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "Format", "detect", "dump", "load"]
 
 log = logging.getLogger("integrity_fs")
 
+#: A format :func:`load` reads.
+Format = Literal["integrity_fs", "megatron", "sha256sum", "b3sum", "model_signing"]
 #: What :func:`load` reads (``"auto"`` detects which by content).
-FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "b3sum", "model_signing")
+FORMATS: tuple[str, ...] = get_args(Format)
 #: What :func:`dump` writes.
 DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "b3sum", "megatron", "seed")
 #: File names (any case) that say a checksum list is ``b3sum``'s: its content looks like ``sha256sum``'s.

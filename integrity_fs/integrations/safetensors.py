@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from .. import signing, storage
 from ..manifest import Manifest
 from ..manifests import manifest_in_use, read_manifest
+from ..options import VerifyOptions
 from ..read import VerifiedFile, open
 from ..report import printable
-from ..verify import verify_options
 
 try:
     import torch
@@ -153,7 +153,7 @@ def _manifest(
     if public_key is None:
         return read_manifest(url, storage_options=storage_options, fs=fs)
     store, root = storage.resolve(url, storage_options, fs)
-    return manifest_in_use(store, root, verify_options(public_key=public_key)).manifest
+    return manifest_in_use(store, root, VerifyOptions(public_key=public_key)).manifest
 
 
 def _read_file(f: VerifiedFile, name: str) -> dict[str, torch.Tensor]:

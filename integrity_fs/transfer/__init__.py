@@ -14,23 +14,24 @@ import dataclasses
 import logging
 import os
 import shutil
-from typing import Any
-
-import fsspec
-from fsspec.callbacks import Callback
+from typing import TYPE_CHECKING, Any
 
 from .. import manifests, signing, storage
 from ..errors import IntegrityError, ManifestError
 from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY
 from ..manifest import MANIFEST_FILENAME, Manifest
-from ..options import VerifyOptions, Work
+from ..options import Algorithm, Granularity, SealOptions, VerifyOptions, Work
 from ..report import Report, printable
-from ..seal import build_manifest, plan_seal, seal_options
-from ..verify import prepare
+from ..sealing import build_manifest, plan_seal
+from ..verification import prepare
 from . import staging
 from .destination import Destination
 from .staging import STAGING_MARK
 from .streaming import Side, sent_as_listed, stream, unit_digests, verified_copy
+
+if TYPE_CHECKING:
+    import fsspec
+    from fsspec.callbacks import Callback
 
 __all__ = ["STAGING_MARK", "copy", "download", "upload"]
 
@@ -118,14 +119,14 @@ def download(
     return report
 
 
-def upload(
+def upload(  # noqa: PLR0913  # SPEC's signature
     src: str | os.PathLike[str],
     url: URL,
     *,
     storage_options: dict[str, Any] | None = None,
     fs: fsspec.AbstractFileSystem | None = None,
-    algorithm: str = DEFAULT_ALGORITHM,
-    granularity: str = DEFAULT_GRANULARITY,
+    algorithm: Algorithm = DEFAULT_ALGORITHM,
+    granularity: Granularity = DEFAULT_GRANULARITY,
     chunk_size: int | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
@@ -147,7 +148,7 @@ def upload(
     written right after the manifest, signing its digests (those just computed, or the checked
     source manifest's); a signature beside ``src`` is then not copied, else it is carried along.
     """
-    options = seal_options(algorithm, granularity, chunk_size, overwrite, private_key)
+    options = SealOptions(algorithm, granularity, chunk_size, overwrite, private_key)
     work = Work(max_workers, callback)
     source = Side(storage.local_filesystem(), _local_path(src, "src"))
     dst = Side(*storage.resolve(url, storage_options, fs))
@@ -159,7 +160,7 @@ def upload(
         raw, manifest = _load_manifest(source)
         _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
         signature = None
-        if options.key is not None:
+        if options.private_key is not None:
             signing.check_signable(manifest.algorithm, manifest.granularity)
             signing.check_shard_names(manifest.granularity, dict(manifest.sizes or listing))
         else:
@@ -178,11 +179,11 @@ def upload(
         target = Destination(dst, plan.sizes, overwrite=overwrite)
         try:
             verified_copy(source, target.side, manifest, plan, versions, work, target.written, target.recording)
-            target.seal(manifest, work, raw=raw, signature=signature, key=options.key)
+            target.seal(manifest, work, raw=raw, signature=signature, key=options.private_key)
         except BaseException:
             target.abandon()
             raise
-        target.finish(manifest, signed=options.key is not None)
+        target.finish(manifest, signed=options.private_key is not None)
         return manifest
     hashing = options.hashing
     # The seal's own checks (names, chunk count, signable names), on the source's listing; the
@@ -194,11 +195,11 @@ def upload(
         copied = sent_as_listed(source, streamed)
         sizes = {name: c.size for name, c in sorted(copied.items())}
         manifest = build_manifest(hashing, sizes, unit_digests(hashing, copied))
-        target.seal(manifest, work, key=options.key)
+        target.seal(manifest, work, key=options.private_key)
     except BaseException:
         target.abandon()
         raise
-    target.finish(manifest, signed=options.key is not None)
+    target.finish(manifest, signed=options.private_key is not None)
     return manifest
 
 

@@ -31,7 +31,7 @@ from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..options import Hashing, VerifyOptions, Work
 from ..report import printable, shortened
-from ..verify import prepare
+from ..verification import prepare
 from ..work import default_workers, run_parallel
 from . import staging
 from .streaming import Side

@@ -20,7 +20,7 @@ from ..hashing import Unit, plan_units
 from ..manifest import Manifest
 from ..options import Hashing, Work
 from ..report import Problem, Report
-from ..verify import VerificationPlan, finish_verification
+from ..verification import VerificationPlan, finish_verification
 from ..work import default_workers, progress_fn, run_parallel
 
 __all__ = ["Copied", "Outcome", "Resized", "Side", "sent_as_listed", "stream", "unit_digests", "verified_copy"]
