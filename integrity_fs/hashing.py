@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_GRANULARITY",
     "GRANULARITIES",
+    "MAPPED_READS",
     "READ_SIZES",
     "Blake3Hasher",
     "Hasher",
@@ -96,6 +97,10 @@ ALGORITHMS: dict[str, Callable[[], Hasher]] = {
 READ_SIZES: dict[str, int] = {
     "blake3": 4 * 1024 * 1024,
 }
+
+#: Algorithms fast enough that copying a local file into buffers costs much of their time (BLAKE3 on
+#: every core hashes faster than one core copies): local reads of large files map the file instead.
+MAPPED_READS: frozenset[str] = frozenset({"blake3"})
 
 DEFAULT_ALGORITHM: Final = "sha256"
 DEFAULT_GRANULARITY: Final = "file"

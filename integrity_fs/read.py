@@ -4,12 +4,14 @@ The file is read in its manifest's units (a chunk, or the whole file). A unit is
 the guarded reader (pinned to the version listed) into a new ``bytes`` object, hashed as it
 lands, and compared with the manifest; only then is it kept, and only kept units are served. A
 kept unit is never written to again and never reused for another: dropping it only forgets it,
-so bytes a caller copies are always the bytes that verified, whatever else happens meanwhile
-(read-ahead, a seek back, another thread, ``close``). A damaged unit raises ``IntegrityError``, a
-file whose version changed ``FileChangedError``.
+so bytes a caller copies or views are always the bytes that verified, whatever else happens
+meanwhile (read-ahead, a seek back, another thread, ``close``). A damaged unit raises
+``IntegrityError``, a file whose version changed ``FileChangedError``.
 
-At most :data:`HELD_UNITS` units are kept per open file. The next :data:`READ_AHEAD` units are
-read ahead on helper threads while the caller works on the current one, when the caller reads on
+At most :data:`HELD_UNITS` units are kept per open file, two when it is read in order (the one
+being read and the next). The next :data:`READ_AHEAD` unit is read ahead on a helper thread while
+the caller works on the current one (and hashed beside it, while the caller waits for that one),
+when the caller reads on
 into a unit from where its last read ended (or starts a region, see
 :meth:`VerifiedFile.release_before`), not when it looks at the end of a file before its start
 (``torch.load`` reads a zip's directory first). Read-ahead takes only a free place or that of a unit
@@ -31,11 +33,10 @@ of this process); once it verified, reads are served from the spool. No second r
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import io
+import operator
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -46,24 +47,29 @@ from typing import Any
 import fsspec
 
 from . import manifests, signing, storage
+from .buffers import FILLABLE_BYTES, copy_out, unfilled_bytes
 from .errors import IntegrityError
 from .hashing import DEFAULT_CHUNK_SIZE, chunk_range
 from .manifest import Manifest
 from .options import VerifyOptions
 from .report import Problem, Report, printable
 
-__all__ = ["HELD_UNITS", "READ_AHEAD", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
+__all__ = ["HELD_UNITS", "READ_AHEAD", "READ_THREADS", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
 
 URL = str | os.PathLike[str]
 
 #: A file of file granularity up to this size is read, hashed and held whole; a larger one is
 #: verified into a private spool and served from there. The same bound as a default chunk.
 WHOLE_FILE_LIMIT = DEFAULT_CHUNK_SIZE
-#: Units read ahead at once, each on a helper thread: two units hashed at once keep two cores
-#: busy while the caller works on the bytes already verified.
-READ_AHEAD = 2
-#: Units held at once per open file: the one being read and the ones read ahead.
-HELD_UNITS = 1 + READ_AHEAD
+#: Units read ahead of the one the caller reads: that one and the next are hashed at once (on
+#: two helper threads) while the caller waits, and the next while it works on the bytes already
+#: verified; so two cores stay busy, and a caller reading in order holds two units at most.
+READ_AHEAD = 1
+#: Helper threads per open file: the unit the caller waits for and the one after it.
+READ_THREADS = 1 + READ_AHEAD
+#: Units held at once per open file: the one being read, the one read ahead, and one more for a
+#: unit read out of order that will be read again (the end of a file looked at before its start).
+HELD_UNITS = 2 + READ_AHEAD
 
 
 @dataclass(frozen=True)
@@ -101,12 +107,15 @@ def open(
     serving, root = storage.resolve(url, storage_options, fs, through_caches=True)
     store = storage.beneath_caches(serving)
     options = VerifyOptions(manifest=manifest, public_key=public_key)
-    found = manifests.manifest_in_use(store, root, options).manifest
+    in_use = manifests.manifest_in_use(store, root, options)
+    found = in_use.manifest
     location = storage.describe(store, root)
+    size, version = storage.stat_file(store, root, name)
+    if name not in found.files and in_use.empty_unsigned and size == 0:
+        found = signing.with_empty_files(found, {name: 0})  # model_signing's shards: passes while empty
     if name not in found.files:
         raise FileNotFoundError(f"{printable(name)} is not in the manifest of {location}")
     path = storage.join(root, name)
-    size, version = storage.stat_file(store, root, name)
     expected = found.sizes[name] if found.sizes is not None else size
     if size is None:
         raise IntegrityError(Report(problems=(Problem(name, "missing", expected=found.files[name]),)), location)
@@ -221,6 +230,7 @@ class VerifiedFile(io.RawIOBase):
             return self._position
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        offset, whence = operator.index(offset), operator.index(whence)  # TypeError, as FileIO's
         with self._lock:
             self._check_open()
             if whence == os.SEEK_SET:
@@ -239,29 +249,47 @@ class VerifiedFile(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         with self._lock:
             self._check_open()
-            view = memoryview(buffer).cast("B")
-            start = self._position
-            # Read ahead for a read that starts a region, or for each unit a read entered going
-            # on from where the last one ended: not for a look at the end before the start.
-            on = start in (self._last_end, self._region)
-            done = 0
-            while done < len(view) and self._position < self.entry.size:
-                if self._spool is not None:
-                    n = self._spool.readinto(view[done:], self._position)
-                else:
-                    entered = self._position == start == self._region or self._position % self._units.size == 0
-                    n = self._copy_from_unit(view[done:], read_ahead=on and entered)
-                self._position += n
-                done += n
-            self._last_end = self._position
-            return done
+            return self._read_into(memoryview(buffer).cast("B"), let_go=False)
+
+    def _from_spool(self, view: memoryview) -> int:
+        assert self._spool is not None
+        try:
+            return self._spool.readinto(view, self._position)
+        except Exception as exc:
+            closed = self._closed_or(exc)
+            if closed is exc:
+                raise
+            raise closed from exc
+
+    def _read_into(self, view: memoryview, *, let_go: bool) -> int:
+        """``readinto``; ``let_go``: each unit the read passes goes once its bytes are copied (a
+        region read once, whose units are not needed again: while the read waits for its next
+        unit, the room of the one before is free for the units read ahead)."""
+        start = self._position
+        # Read ahead for a read that starts a region, or for each unit a read entered going
+        # on from where the last one ended: not for a look at the end before the start.
+        on = start in (self._last_end, self._region)
+        done = 0
+        while done < len(view) and self._position < self.entry.size:
+            if self._spool is not None:
+                n = self._from_spool(view[done:])
+            else:
+                entered = self._position == start == self._region or self._position % self._units.size == 0
+                n = self._copy_from_unit(view[done:], read_ahead=on and entered)
+                index = self._units.at(self._position)
+                if let_go and done + n < len(view) and index in self._held:
+                    self._drop(index)
+            self._position += n
+            done += n
+        self._last_end = self._position
+        return done
 
     def readall(self) -> bytes:
         with self._lock:
             self._check_open()
             size = max(0, self.entry.size - self._position)
-            if _FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
-                data, view = _unfilled_bytes(size)
+            if FILLABLE_BYTES and size >= 2:  # CPython shares its bytes objects of 0 and 1 byte
+                data, view = unfilled_bytes(size)
                 self.read_rest_into(view)
                 return data
             out = bytearray(size)
@@ -352,6 +380,35 @@ class VerifiedFile(io.RawIOBase):
                 self._drop(index)
             self._region = position
 
+    def region(self, offset: int, length: int) -> memoryview:
+        """The verified bytes ``[offset, offset + length)``, read-only: a view of the unit that holds
+        them all when one does (no copy), else of a new object they were copied into (then each
+        unit but the last goes once copied: a region is read once). Units are never written to
+        again, so the view is right for as long as it is kept (it keeps its unit's bytes alive).
+        The position moves to the region's end; a region that starts where the last read ended,
+        or where :meth:`release_before` put the next one, reads ahead."""
+        with self._lock:
+            self._check_open()
+            if offset < 0 or length < 0 or offset + length > self.entry.size:
+                raise ValueError(f"bytes {offset}-{offset + length} of a file of {self.entry.size}")
+            index = self._units.at(offset)
+            start, end = self._units.range(index)
+            if self._spool is not None or not length or offset + length > end:
+                out: bytes | bytearray
+                if FILLABLE_BYTES and length >= 2:  # handed out only once every byte verified
+                    out, view = unfilled_bytes(length)
+                else:
+                    out = bytearray(length)
+                    view = memoryview(out)
+                self._position = offset
+                self._read_into(view, let_go=True)
+                return memoryview(out).toreadonly()
+            on = offset in (self._last_end, self._region)
+            entered = offset in (self._region, start)
+            data = self._verified(index, read_ahead=on and entered and self._read_ahead)
+            self._position = self._last_end = offset + length
+            return memoryview(data)[offset - start : offset + length - start].toreadonly()
+
     def _copy_from_unit(self, view: memoryview, *, read_ahead: bool) -> int:
         index = self._units.at(self._position)
         start, end = self._units.range(index)
@@ -368,7 +425,7 @@ class VerifiedFile(io.RawIOBase):
         here = fetch is None
         if fetch is None:
             self._make_room(index)
-            fetch = self._held[index] = _Fetch(Future(), self._stops.new())
+            fetch = self._held[index] = self._fetch(index)
         if read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
                 self._ahead(ahead, index)
@@ -383,6 +440,10 @@ class VerifiedFile(io.RawIOBase):
             if closed is exc:
                 raise
             raise closed from exc
+
+    def _fetch(self, index: int) -> _Fetch:
+        """A new read of unit ``index``, not yet started."""
+        return _Fetch(Future(), self._stops.new())
 
     def _load(self, index: int, fetch: _Fetch) -> None:
         try:
@@ -403,8 +464,8 @@ class VerifiedFile(io.RawIOBase):
                 return
             self._drop(behind[0])
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="integrity_fs-read")
-        fetch = self._held[index] = _Fetch(Future(), self._stops.new())
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="integrity_fs-read")
+        fetch = self._held[index] = self._fetch(index)
         self._pool.submit(self._load, index, fetch)
 
     def _make_room(self, index: int) -> None:
@@ -425,8 +486,8 @@ class VerifiedFile(io.RawIOBase):
 
     def _read_unit(self, index: int, stop: threading.Event) -> bytes:
         start, end = self._units.range(index)
-        if _FILLABLE_BYTES and end - start >= 2:
-            data, view = _unfilled_bytes(end - start)
+        if FILLABLE_BYTES and end - start >= 2:
+            data, view = unfilled_bytes(end - start)
             self._check(index, _hash_into(self.entry, start, view, stop))
             return data  # never written to again
         out = bytearray(end - start)
@@ -456,45 +517,6 @@ class VerifiedFile(io.RawIOBase):
     def _check_open(self) -> None:
         if self.closed or self._stops.closing:
             raise ValueError("I/O operation on a closed file")
-
-
-#: Copies at least this long are made without holding the GIL (``ctypes.memmove`` releases it), so
-#: that the read-ahead threads hash while the caller copies; shorter ones are a slice assignment.
-UNLOCKED_COPY_MIN = 256 * 1024
-
-
-def copy_out(target: memoryview, data: bytes, offset: int) -> None:
-    """``target[:] = data[offset : offset + len(target)]`` without an intermediate copy; a large
-    copy releases the GIL while it runs."""
-    n = len(target)
-    if offset < 0 or offset + n > len(data):
-        raise ValueError(f"{n} bytes from {offset} of a unit of {len(data)}")
-    if n < UNLOCKED_COPY_MIN or target.readonly or not isinstance(data, bytes):
-        target[:] = memoryview(data)[offset : offset + n]
-        return
-    ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(target)), _bytes_address(data) + offset, n)
-
-
-def _bytes_address(data: bytes) -> int:
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    assert address is not None
-    return address
-
-
-def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
-    """A new ``bytes`` object of ``size`` (at least 2) bytes, not yet filled, and a writable view of
-    its bytes: the caller fills the view and only then hands the object out, as CPython's own
-    ``FileIO.readall`` does with ``PyBytes_FromStringAndSize(NULL, size)``. So a verified read
-    returns the very bytes it hashed, without a copy. CPython only (:data:`_FILLABLE_BYTES`)."""
-    data = _BYTES_NEW(None, size)
-    return data, memoryview((ctypes.c_char * size).from_address(_bytes_address(data))).cast("B")
-
-
-_FILLABLE_BYTES = sys.implementation.name == "cpython" and hasattr(ctypes, "pythonapi")
-if _FILLABLE_BYTES:
-    _BYTES_NEW = ctypes.pythonapi.PyBytes_FromStringAndSize
-    _BYTES_NEW.restype = ctypes.py_object
-    _BYTES_NEW.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
 @contextlib.contextmanager
@@ -548,7 +570,7 @@ class _Spool:
 
     def _fill(self) -> Any:
         entry = self._entry
-        spool = tempfile.TemporaryFile(prefix="integrity_fs-spool-", buffering=0)  # noqa: SIM115  # kept until close
+        spool = _new_spool(entry)
         stop = self._stops.new()
         try:
             with _as_content(entry), _spooling(entry):
@@ -596,6 +618,21 @@ class _SpoolWriter:
         view = memoryview(data)
         while view:
             view = view[self._spool.write(view) :]
+
+
+def _new_spool(entry: Entry) -> Any:
+    """An unlinked temporary file in ``TMPDIR``. One that cannot be made is a plain ``OSError`` (its
+    ``errno`` kept) that names the spool: a missing ``TMPDIR`` is not the checkpoint's file gone."""
+    try:
+        return tempfile.TemporaryFile(prefix="integrity_fs-spool-", buffering=0)  # kept until close
+    except OSError as exc:
+        error = OSError(
+            f"cannot make a spool in {tempfile.gettempdir()} to verify {printable(entry.name)} ({entry.size} "
+            f"bytes) before serving it: {exc.strerror or exc} (set TMPDIR to a folder that exists and has room, "
+            "or seal with granularity='chunk')"
+        )
+        error.errno = exc.errno  # not in the constructor: OSError(ENOENT, ...) would be a FileNotFoundError
+        raise error from exc
 
 
 @contextlib.contextmanager

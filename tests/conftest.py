@@ -1,6 +1,7 @@
 """Storage-agnostic fixtures: one test suite, run offline on local, memory, S3 (moto) and GCS (emulator)."""
 
 import json
+import logging
 import os
 
 # Must be set before gcsfs is first imported: gcsfs reads it at import time, and with its default
@@ -11,8 +12,11 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 
 import posixpath
+import shutil
 import signal
 import socket
+import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,7 +45,8 @@ class Backend:
 
     def write(self, relname: str, data: bytes) -> None:
         path = self.path(relname)
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        if self.name in ("local", "memory"):  # object stores have no folders (s3fs would ask for the bucket)
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         self.fs.pipe_file(path, data)
         self.fs.invalidate_cache()
 
@@ -87,11 +92,26 @@ def free_port() -> int:
         return port
 
 
+def _moto_lists_its_services_once() -> None:
+    """moto's server finds the service a request is for by listing its own package (a ``stat`` of
+    each of its ~180 service folders, for every request): about half of the server's time on a
+    request. The folders do not change while the tests run: they are listed once."""
+    from moto import backends
+
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    _moto_lists_its_services_once()
+
     # moto's in-process mock_aws does not intercept aiobotocore (s3fs): use a real local server.
+    # werkzeug logs every request at INFO, through a handler of its own to stderr, when nothing
+    # says otherwise; the tests that count requests through that log set INFO themselves.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()  # the port the OS gave: no race with other processes
@@ -270,6 +290,59 @@ def ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
+def ctrl_c_until(stopped: threading.Event) -> None:
+    """A real Ctrl-C (SIGINT to the main thread), pressed again each second until ``stopped`` is
+    set: one that lands just before the main thread blocks on a lock is only seen once the lock
+    is released (CPython runs the handler when the thread next runs Python code)."""
+    while True:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        if stopped.wait(1):
+            return
+
+
+@dataclass
+class Hashing:
+    """What the ``hashing`` fixture saw."""
+
+    stops: list[threading.Event]
+    waiting: threading.Event
+
+    @property
+    def stop(self) -> threading.Event:
+        """The stop flag of the latest hashing."""
+        return self.stops[-1]
+
+
+@pytest.fixture
+def hashing(monkeypatch: pytest.MonkeyPatch) -> Hashing:
+    """What the hashing engine (``integrity_fs.work``) is doing: the stop flag of each hashing
+    (the one ``storage.hash_range`` is given) and whether the latest one has handed out every
+    task and waits for its workers, for tests that stop it at a chosen point."""
+    from integrity_fs import storage, work
+
+    seen = Hashing([], threading.Event())
+    hash_range, run_parallel, wait = storage.hash_range, work.run_parallel, work.wait
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        stop = kwargs.get("stop")
+        if stop is not None and all(stop is not s for s in seen.stops):
+            seen.stops.append(stop)
+        return hash_range(*args, **kwargs)
+
+    def parallel(*args: Any, **kwargs: Any) -> Any:
+        seen.waiting.clear()  # a new hashing: its tasks are not all handed out yet
+        return run_parallel(*args, **kwargs)
+
+    def waits(*args: Any, **kwargs: Any) -> Any:
+        seen.waiting.set()
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "hash_range", recording)
+    monkeypatch.setattr(work, "run_parallel", parallel)
+    monkeypatch.setattr(work, "wait", waits)
+    return seen
+
+
 def sigint_as_in_a_terminal() -> None:
     """``preexec_fn`` of a child that a test sends SIGINT: Python turns it into
     ``KeyboardInterrupt`` only when it starts with SIGINT at its default, not ignored."""
@@ -302,15 +375,92 @@ def backends(*names: str) -> Any:
     return fixture
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In the processes that run tests: only the tests' own asserts are rewritten, and torch
+    computes on one thread (the models here are tiny, and on a loaded machine its second thread
+    spins waiting for a core: a Trainer step took 3x the CPU; the launched ranks get the same
+    with ``OMP_NUM_THREADS=1``)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # pytest-xdist's controller runs no test
+    _rewrite_only_the_tests_asserts(config)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+def _rewrite_only_the_tests_asserts(config: pytest.Config) -> None:
+    """pytest rewrites the asserts of every module of each installed package that brings a pytest
+    plugin (hypothesis: the ~75 modules the tests import), for its failure reports, and with
+    nothing cached (a fresh environment, or PYTHONDONTWRITEBYTECODE) every pytest process does
+    it again: ~5 s of CPU each. The tests' own files (``test_*.py``, ``conftest.py``) are still
+    rewritten; the packages' modules are left as they are. (pytest has no public switch for
+    this: without its private list of marked packages, nothing changes.)"""
+    try:
+        from _pytest.assertion.rewrite import assertstate_key
+    except ImportError:
+        return
+    marked = getattr(getattr(config.stash.get(assertstate_key, None), "hook", None), "_must_rewrite", None)
+    if isinstance(marked, set):
+        marked.clear()
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The tests that must run in one pytest-xdist worker, one after the other: those of a file
+    that share a fixture built once per file (a launch of ranks, a tree of checkpoints), so that
+    it is built once; and those marked ``xdist_group(name)`` (the steps of one docs page)."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0])
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else []
+    if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For pytest-xdist's ``--dist loadgroup`` (``-n 2``): the tests of a file that share a fixture
-    built once per file (a launch of ranks, a tree of checkpoints) form one group, run by one
-    worker, so that the fixture is built once; every other test goes to whichever worker is free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else []
-        if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    """In a pytest-xdist worker: write down the groups, for the scheduler below."""
+    where = getattr(config, "workerinput", {}).get("test_groups")
+    if where is not None:
+        groups = {item.nodeid: group for item in items if (group := xdist_group_of(item)) is not None}
+        Path(where).write_text(json.dumps(groups))
+
+
+#: Where the workers write their groups (one file each, all the same: they collect the same tests).
+_GROUPS: list[Path] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    if not _GROUPS:
+        _GROUPS.append(Path(tempfile.mkdtemp(prefix="test-groups-")))
+    node.workerinput["test_groups"] = str(_GROUPS[0] / f"{node.gateway.id}.json")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _GROUPS:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n 2``: pytest-xdist's scheduling by scope, each group (``xdist_group_of``) one scope sent to
+    one worker, every other test a scope of its own. The groups go out first, those of the most
+    tests first, then one test at a time to whichever worker has little left. (pytest-xdist's
+    own ``--dist loadgroup`` finds no group under pytest 9.2, whose node ids it cannot amend.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(next(_GROUPS[0].iterdir()).read_text()) if _GROUPS else {}
+            return self.groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
 
 
 class AfterListing(Callback):  # type: ignore[misc]  # fsspec is untyped

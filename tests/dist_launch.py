@@ -1,4 +1,4 @@
-"""Run a worker script as the ranks of a real gloo process group on 127.0.0.1, in subprocesses.
+"""Run a worker script as the ranks of a real gloo process group on 127.0.0.1, in processes of their own.
 
 Each rank runs the scenarios of one spec (sharing one process group) and writes its outcomes to
 ``rank<N>.json``; a hang becomes a test failure after ``timeout`` seconds.
@@ -10,10 +10,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import fork_server
 import pytest
 
 TESTS = Path(__file__).resolve().parent
@@ -27,9 +28,17 @@ def free_port() -> int:
 
 
 def run_ranks(
-    script: str, world_size: int, spec: dict[str, Any], workdir: Path, *, timeout: float = 120
+    script: str,
+    world_size: int,
+    spec: dict[str, Any],
+    workdir: Path,
+    *,
+    timeout: float = 120,
+    warm: Sequence[str] = fork_server.BASE,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Launch ``world_size`` ranks of ``tests/<script>``; returns scenario id -> outcomes in rank order."""
+    """Launch ``world_size`` ranks of ``tests/<script>``, each as ``python tests/<script> SPEC RANK``
+    forked from a warm interpreter (tests/fork_server.py) that has imported ``warm``; returns
+    scenario id -> outcomes in rank order."""
     out = workdir / f"out-{world_size}"
     out.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "init_method": f"tcp://127.0.0.1:{free_port()}", "world_size": world_size, "out": str(out)}
@@ -41,15 +50,11 @@ def run_ranks(
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
         "OMP_NUM_THREADS": "1",
     }
-    logs = [(out / f"rank{rank}.log").open("w") for rank in range(world_size)]
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(TESTS / script), str(spec_file), str(rank)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
+        fork_server.start(
+            [TESTS / script, spec_file, str(rank)], cwd=os.getcwd(), env=env, log=out / f"rank{rank}.log", warm=warm
         )
-        for rank, log in enumerate(logs)
+        for rank in range(world_size)
     ]
     try:
         for proc in procs:
@@ -58,9 +63,6 @@ def run_ranks(
         for proc in procs:
             proc.kill()
         pytest.fail(f"ranks did not finish within {timeout} s (a hang?):\n{_logs(out, world_size)}")
-    finally:
-        for log in logs:
-            log.close()
     if any(proc.returncode for proc in procs):
         pytest.fail(f"a rank failed: {[p.returncode for p in procs]}\n{_logs(out, world_size)}")
     by_rank = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]

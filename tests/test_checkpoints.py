@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import fork_server
 import fsspec
 import pytest
 import s3fs
@@ -736,8 +737,8 @@ def test_the_readme_loop_resaves_a_skipped_checkpoint_without_dcps_overwrite_war
     loop = readme.split("<!-- readme-test: ranks=1,2 -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "train.py").write_text(loop)
 
-    def train() -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    def train() -> subprocess.CompletedProcess[str]:  # python train.py, forked from a warm interpreter
+        proc = fork_server.run([tmp_path / "train.py"], cwd=tmp_path, timeout=120)
         assert proc.returncode == 0, proc.stderr
         return proc
 

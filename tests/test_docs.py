@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import fork_server
 import fsspec
 import pytest
 
@@ -187,18 +188,14 @@ def test_no_page_speaks_of_how_the_project_was_run() -> None:
     assert found == []
 
 
-def start(code: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-c", code],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def start(code: str, cwd: Path, env: dict[str, str]) -> fork_server.Forked:
+    """``python -X faulthandler -c CODE`` in ``cwd`` with ``env``, forked from a warm interpreter
+    (tests/fork_server.py): a fresh ``__main__``, as a new interpreter that imported the libraries."""
+    warm = [*fork_server.BASE, *(fork_server.TRANSFORMERS if "transformers" in code else ())]
+    return fork_server.start(["-c"], code=code, cwd=cwd, env=env, warm=warm, faulthandler=True)
 
 
-def wait_all(procs: dict[str, subprocess.Popen[str]]) -> None:
+def wait_all(procs: dict[str, fork_server.Forked]) -> None:
     """Wait for every process (they run at once); each must exit 0."""
     try:
         outputs = {name: proc.communicate(timeout=TIMEOUT_S)[0] for name, proc in procs.items()}
@@ -219,7 +216,7 @@ def free_port() -> int:
         return port
 
 
-def launch(code: str, cwd: Path, env: dict[str, str], n: int) -> dict[str, subprocess.Popen[str]]:
+def launch(code: str, cwd: Path, env: dict[str, str], n: int) -> dict[str, fork_server.Forked]:
     """``code`` as one process (``n`` 0 or 1), or as the ``n`` ranks of a gloo group, each with the
     environment torchrun gives a rank (so the block's own ``init_process_group`` joins it)."""
     if n <= 1:
@@ -244,11 +241,62 @@ def fresh_bucket(endpoint: str) -> None:
     for name, data in {"model.pt": os.urandom(100_000), "sub/meta.json": b"{}"}.items():
         fs.pipe_file(f"{S3_CHECKPOINT}/{name}", data)
     fs.invalidate_cache()
+    BUCKETS.append(endpoint)
+
+
+#: Every bucket ``fresh_bucket`` made, in this process: a page's steps on S3 go on only in the same one.
+BUCKETS: list[str] = []
+
+
+@dataclass
+class PageRun:
+    """A page's steps run so far in this process, in order, each passed: where, and on which bucket."""
+
+    cwd: Path
+    done: list[Block]
+    buckets: int
+
+
+#: Per page: the tests of its steps run one after the other in one worker (one xdist group), each
+#: going on where the test before it left the page's directory, rather than running every step
+#: before it again (a test run alone runs them first).
+SEQUENCES: dict[str, PageRun] = {}
+
+
+def _params() -> list[object]:
+    """The blocks, those of a page's sequence in the page's group when it has several."""
+    pages = [block.page for block in BLOCKS if block.in_sequence]
+    return [
+        pytest.param(b, id=b.id, marks=[pytest.mark.xdist_group(f"docs:{b.page}")] if pages.count(b.page) > 1 else [])
+        for b in BLOCKS
+    ]
+
+
+def run_in_sequence(block: Block, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], endpoint: str) -> None:
+    """The page's steps up to ``block``, in order, in one directory: each must pass."""
+    steps = [*steps_before(block), block]
+    went = SEQUENCES.pop(block.page, None)
+    if (
+        went is None
+        or len(went.done) >= len(steps)
+        or went.done != steps[: len(went.done)]
+        or (endpoint and went.buckets != len(BUCKETS))
+    ):
+        if endpoint:
+            fresh_bucket(endpoint)
+        went = PageRun(tmp_path_factory.mktemp("page"), [], len(BUCKETS))
+    for step in steps[len(went.done) :]:
+        name = step.id if step is block else f"{step.id} (run before {block.id})"
+        wait_all({name: start(step.code, went.cwd, env)})
+        went.done.append(step)
+    SEQUENCES[block.page] = went
 
 
 @pytest.mark.filterwarnings(f"default:{TEARDOWN_WARNING}:RuntimeWarning")  # shown, not raised
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_snippet_runs(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", _params())
+def test_snippet_runs(
+    block: Block, request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     if block.skipped:
         pytest.skip(block.directive)
     if block.ranks != [0]:
@@ -260,13 +308,9 @@ def test_snippet_runs(block: Block, request: pytest.FixtureRequest, tmp_path: Pa
     if s3:
         env["AWS_ENDPOINT_URL"] = endpoint
     if block.in_sequence:  # the page's earlier steps first, then this one, in one directory
-        if s3:
-            fresh_bucket(endpoint)
-        for step in [*steps, block]:
-            name = step.id if step is block else f"{step.id} (run before {block.id})"
-            wait_all({name: start(step.code, tmp_path, env)})
+        run_in_sequence(block, tmp_path_factory, env, endpoint)
         return
-    procs: dict[str, subprocess.Popen[str]] = {}
+    procs: dict[str, fork_server.Forked] = {}
     for n in block.ranks:
         cwd = tmp_path / f"ranks{n}"
         cwd.mkdir()

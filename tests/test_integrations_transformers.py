@@ -6,25 +6,57 @@ resumed from the newest one that verifies. tests/dist_trainer_worker.py runs a d
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None:
+    pytest.skip("transformers and accelerate are not installed", allow_module_level=True)
 
 import torch
 from dist_launch import run_ranks
-from hf_trainer import Steps, trainer
+from fork_server import BASE, TRANSFORMERS
 from safetensors.torch import load_file
-from transformers import TrainerCallback
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME
-from integrity_fs.integrations.transformers import IntegrityCallback, latest_verified_checkpoint
+
+# Bound by _import_the_trainer, in the process that runs these tests.
+Steps: Any
+trainer: Any
+IntegrityCallback: Any
+latest_verified_checkpoint: Any
+_DamageOnSave: Any
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _import_the_trainer() -> None:
+    """transformers' Trainer takes seconds to import: the pytest process that runs these tests
+    (one xdist group, as this is a fixture of the file) imports it, not each one at collection."""
+    global Steps, trainer, IntegrityCallback, latest_verified_checkpoint, _DamageOnSave
+    from hf_trainer import Steps, trainer
+    from transformers import TrainerCallback
+
+    from integrity_fs.integrations.transformers import IntegrityCallback, latest_verified_checkpoint
+
+    class DamageOnSave(TrainerCallback):  # type: ignore[misc]
+        """Flips a bit of ``checkpoint-<step>``'s weights once the callbacks before it have sealed
+        (and pruned) it: a checkpoint damaged on disk during the run."""
+
+        def __init__(self, out: Path, step: int) -> None:
+            self.out, self.step = out, step
+
+        def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            if state.global_step == self.step:
+                _flip(self.out / f"checkpoint-{self.step}" / "model.safetensors")
+
+    _DamageOnSave = DamageOnSave
+
 
 #: What the Trainer writes into each checkpoint-N (with one process).
 TRAINER_FILES = {
@@ -200,9 +232,11 @@ def test_a_failed_seal_stops_the_run(tmp_path: Path) -> None:
 
 
 def test_a_distributed_trainer_seals_once_every_rank_has_written(tmp_path: Path) -> None:
-    """Two DDP ranks over gloo: rank 1 writes rng_state_1.pth 1.5 s late, rank 0 seals after it;
-    both agree on where to resume; a failed seal raises the same error on both ranks."""
-    results = run_ranks("dist_trainer_worker.py", 2, {"root": str(tmp_path)}, tmp_path, timeout=240)
+    """Two DDP ranks over gloo: rank 1 writes rng_state_1.pth only once rank 0 is in on_save, rank 0
+    seals after it; both agree on where to resume; a failed seal raises the same error on both ranks."""
+    results = run_ranks(
+        "dist_trainer_worker.py", 2, {"root": str(tmp_path)}, tmp_path, timeout=240, warm=[*BASE, *TRANSFORMERS]
+    )
     assert results["world_size"] == [2, 2]
     run = tmp_path / "run"
     assert results["sealed"] == [[str(run / "checkpoint-2"), str(run / "checkpoint-4")], []]
@@ -216,18 +250,6 @@ def test_a_distributed_trainer_seals_once_every_rank_has_written(tmp_path: Path)
 
 
 # --- retention: IntegrityCallback(keep_last=N) ------------------------------------------------------
-
-
-class _DamageOnSave(TrainerCallback):
-    """Flips a bit of ``checkpoint-<step>``'s weights once the callbacks before it have sealed
-    (and pruned) it: a checkpoint damaged on disk during the run."""
-
-    def __init__(self, out: Path, step: int) -> None:
-        self.out, self.step = out, step
-
-    def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        if state.global_step == self.step:
-            _flip(self.out / f"checkpoint-{self.step}" / "model.safetensors")
 
 
 def _checkpoints(out: Path) -> list[str]:

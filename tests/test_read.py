@@ -6,6 +6,7 @@ disk, the moto S3 server, the GCS emulator (its generations), fsspec's caching l
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import random
@@ -308,12 +309,19 @@ def test_two_threads_sharing_one_file_each_get_whole_pieces_of_it(tmp_path: Path
         assert b"".join(pieces) == data
 
 
-@pytest.mark.parametrize("how", ["read", "readall"])
-def test_close_while_another_thread_waits_on_a_read(s3_backend: Backend, how: str) -> None:
+@pytest.mark.parametrize("how", ["read", "readall", "spooled"])
+def test_close_while_another_thread_waits_on_a_read(
+    s3_backend: Backend, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``close`` stops the reads under way: the waiting thread gets the bytes or ``ValueError``,
-    never other bytes, and nothing is left running."""
+    never other bytes, and nothing is left running; also when the file is verified into a spool
+    (file granularity, larger than units are held)."""
+    from integrity_fs import read
+
     data = random.Random(6).randbytes(40 * CHUNK)
-    _sealed(s3_backend, files={"w.bin": data})
+    if how == "spooled":
+        monkeypatch.setattr(read, "WHOLE_FILE_LIMIT", CHUNK)
+    _sealed(s3_backend, "file" if how == "spooled" else "chunk", files={"w.bin": data})
     for _ in range(5):
         outcome: list[object] = []
         f = _open(s3_backend)
@@ -331,6 +339,51 @@ def test_close_while_another_thread_waits_on_a_read(s3_backend: Backend, how: st
         assert not thread.is_alive()
         assert outcome and (outcome[0] == data or isinstance(outcome[0], ValueError)), outcome
     assert not [t for t in threading.enumerate() if t.name.startswith("integrity_fs-read")]
+
+
+def test_a_spool_that_cannot_be_made_is_a_storage_error_not_a_file_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's ``TMPDIR`` removed under it: the spool cannot be made. That is an ``OSError`` that
+    names the spool, not ``FileNotFoundError`` (which says the checkpoint's own file is gone and
+    lets ``latest_verified``/``dcp.load_latest`` skip every checkpoint as vanished)."""
+    import tempfile
+
+    from integrity_fs import read
+
+    monkeypatch.setattr(read, "WHOLE_FILE_LIMIT", CHUNK)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "w.bin").write_bytes(DATA)
+    ifs.seal(tmp_path / "ckpt")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "removed-tmpdir"))
+    with ifs.open(tmp_path / "ckpt", "w.bin") as f, pytest.raises(OSError, match="spool") as raised:
+        f.read(1)
+    assert type(raised.value) is OSError and raised.value.errno == errno.ENOENT
+    assert "TMPDIR" in str(raised.value) and "removed-tmpdir" in str(raised.value)
+
+
+def test_seek_takes_integers_only(tmp_path: Path) -> None:
+    """As ``FileIO.seek``: a float is a ``TypeError`` at the call, not a position that fails later."""
+    (tmp_path / "w.bin").write_bytes(DATA)
+    ifs.seal(tmp_path, granularity="chunk", chunk_size=CHUNK)
+    with ifs.open(tmp_path, "w.bin") as f:
+        f.seek(10)
+        for offset, whence in ((1.5, os.SEEK_SET), ("3", os.SEEK_SET), (1, 0.0)):
+            with pytest.raises(TypeError):
+                f.seek(offset, whence)  # type: ignore[arg-type]
+        assert f.tell() == 10 and f.read(5) == DATA[10:15]
+        f.seek(np_int(2), os.SEEK_CUR)  # an integer of another type (operator.index) is one
+        assert f.tell() == 17
+
+
+def np_int(value: int) -> Any:
+    """An integer that is not an ``int`` but has ``__index__`` (as numpy's and torch's have)."""
+
+    class Index:
+        def __index__(self) -> int:
+            return value
+
+    return Index()
 
 
 # --- pinned reads: one version of each file ---------------------------------------------------------

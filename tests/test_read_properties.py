@@ -86,7 +86,8 @@ def sealed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             pass
 
 
-#: One step: ("seek", offset, whence), ("read", n), ("readinto", n), ("readall",), ("release", offset).
+#: One step: ("seek", offset, whence), ("read", n), ("readinto", n), ("readall",), ("release", offset),
+#: ("region", offset, length).
 Step = tuple[Any, ...]
 
 
@@ -104,13 +105,17 @@ def _steps(size: int) -> st.SearchStrategy[list[Step]]:
         st.tuples(st.just("readinto"), st.integers(0, size + 10)),
         st.tuples(st.just("readall")),
         st.tuples(st.just("release"), where),
+        st.tuples(st.just("region"), where, st.one_of(st.integers(0, 64), st.integers(0, size + 10))),
     )
     return st.lists(step, min_size=1, max_size=25)
 
 
 def _run(f: io.RawIOBase, data: bytes, steps: list[Step]) -> None:
-    """Apply ``steps`` to ``f`` and to the model (a position in ``data``); every answer must agree."""
+    """Apply ``steps`` to ``f`` and to the model (a position in ``data``); every answer must agree.
+    The regions handed out (views of verified units) are kept to the end and must still hold their
+    bytes then, whatever was read, dropped and read ahead meanwhile."""
     position = 0
+    regions: list[tuple[memoryview, int]] = []
     for step in steps:
         kind = step[0]
         if kind == "seek":
@@ -141,7 +146,22 @@ def _run(f: io.RawIOBase, data: bytes, steps: list[Step]) -> None:
             release = getattr(f, "release_before", None)
             if release is not None and step[1] <= position:  # DCP's promise: nothing before is read again
                 release(step[1])
+        elif kind == "region":
+            _, offset, length = step
+            assert isinstance(f, ifs.VerifiedFile)
+            if offset + length > len(data):
+                with pytest.raises(ValueError):
+                    f.region(offset, length)
+                continue
+            view = f.region(offset, length)
+            assert view.readonly and bytes(view) == data[offset : offset + length], f"region({offset}, {length})"
+            regions.append((view, offset))
+            position = offset + length
         assert f.tell() == position
+    for view, offset in regions:
+        assert bytes(view) == data[offset : offset + len(view)], (
+            f"the region at {offset} changed after it was handed out"
+        )
 
 
 SETTINGS = {
@@ -206,3 +226,34 @@ def _checkpoint(url: str, options: dict[str, Any]) -> Any:
 
     found = load_manifest(url, options, manifest=None, public_key=None, require_manifest=True)
     return check_listing(url, options, found, strict=False)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(
+    size=st.one_of(st.integers(0, 70_000), st.integers(1024 * 1024 + 1, 3 * 1024 * 1024)),
+    chunk=st.sampled_from([None, 4096, 10_000, 65_536]),
+    piece=st.sampled_from([4096, 8192, 65_536, 1 << 20]),
+)
+def test_mapped_blake3_reads_hash_the_files_bytes(
+    tmp_path_factory: pytest.TempPathFactory, size: int, chunk: int | None, piece: int
+) -> None:
+    """BLAKE3 reads of local files map them (here from their first byte, in pieces of ``piece``):
+    the digests sealed are those of the bytes, for every unit at every offset (a mapping starts at a
+    page boundary, a chunk anywhere)."""
+    blake3 = pytest.importorskip("blake3").blake3
+    from integrity_fs.storage import read as storage_read
+
+    root = tmp_path_factory.mktemp("mapped")
+    data = _data(f"m{size}", size)
+    (root / "w.bin").write_bytes(data)
+    with mock.patch.object(storage_read, "MAPPED_MIN", 1), mock.patch.object(storage_read, "MAPPED_PIECE", piece):
+        manifest = ifs.seal(
+            root, algorithm="blake3", granularity="file" if chunk is None else "chunk", chunk_size=chunk
+        )
+        assert ifs.verify(root).ok
+    if chunk is None:
+        assert manifest.files["w.bin"] == blake3(data).hexdigest()
+    else:
+        assert manifest.chunks is not None
+        units = [data[i : i + chunk] for i in range(0, max(1, size), chunk)]
+        assert list(manifest.chunks["w.bin"]) == [blake3(unit).hexdigest() for unit in units]

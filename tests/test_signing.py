@@ -265,6 +265,12 @@ def test_an_empty_file_under_model_signing_shards_passes_while_it_is_empty(
     assert ifs.verify(store.url, strict=True, **keyed).files_checked == len(FILES)  # no manifest
     assert ifs.verify(store.url, attested=True, **keyed).ok
     assert ifs.verify(store.url, quick=True, **keyed).ok
+    with ifs.open(store.url, "empty.bin", **keyed) as f:  # a verified read of it, too: no bytes
+        assert f.read() == b""
+    both("empty.bin", b"x")
+    with pytest.raises(FileNotFoundError, match="empty.bin"):  # made non-empty: no longer vouched for
+        ifs.open(store.url, "empty.bin", **keyed)
+    both("empty.bin", b"")
     sealed = ifs.seal(store.url, granularity="chunk", chunk_size=CHUNK, **where)
     assert sealed.chunks is not None and sealed.chunks["empty.bin"] == (hashlib.sha256(b"").hexdigest(),)
     assert ifs.verify(store.url, strict=True, **keyed).files_checked == len(FILES)

@@ -6,14 +6,13 @@ a shrunk file, the stop flag between files, the first failure stopping the rest.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import AfterListing
+from conftest import AfterListing, ctrl_c_until
 
 import integrity_fs as ifs
 from integrity_fs import IntegrityError, storage
@@ -93,24 +92,26 @@ def test_batched_files_hash_as_one_file_per_task_does(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(30)
-def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c):
+def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c, hashing):
     _many(tmp_path, 400, size=100)
     ifs.seal(tmp_path)
     started_files: list[str] = []
-    original = storage.hash_range
+    original, lock = storage.hash_range, threading.Lock()
 
-    def slow(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
-        started_files.append(path)
-        time.sleep(0.02)  # 400 files on 2 threads: 4 s if nothing stopped them
+    def held(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
+        with lock:
+            started_files.append(path)
+            count = len(started_files)
+        if count == 20:  # a real Ctrl-C once 20 of the 400 files have started and verify waits for them
+            assert hashing.waiting.wait(10)
+            ctrl_c_until(kwargs["stop"])
+        if count >= 20:  # no file goes on before the stop is set: nothing outruns it
+            kwargs["stop"].wait(10)
         return original(fs, path, *args, **kwargs)
 
-    monkeypatch.setattr(storage, "hash_range", slow)
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # a real Ctrl-C
-    started = time.perf_counter()
-    timer.start()
+    monkeypatch.setattr(storage, "hash_range", held)
     with pytest.raises(KeyboardInterrupt):
         ifs.verify(tmp_path, max_workers=2)
-    assert time.perf_counter() - started < 2.0
     assert _workers_alive() == []
     count = len(started_files)
     time.sleep(0.1)
@@ -124,10 +125,15 @@ def test_the_first_failure_stops_the_other_batches(tmp_path, monkeypatch):
     original = storage.hash_range
     calls: list[str] = []
 
+    failed = threading.Event()
+
     def failing(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
         calls.append(path)
         if path.endswith("f001.bin"):
+            failed.set()
             raise PermissionError(13, "denied (injected)", path)
+        if failed.is_set():  # no file goes on before the stop is set: nothing outruns it
+            kwargs["stop"].wait(10)
         time.sleep(0.01)
         return original(fs, path, *args, **kwargs)
 
@@ -135,4 +141,5 @@ def test_the_first_failure_stops_the_other_batches(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="injected"):
         ifs.verify(tmp_path, max_workers=2)
     assert _workers_alive() == []
-    assert len(calls) < 40  # of 200: the other batch stopped at its next file
+    after = calls[[c.endswith("f001.bin") for c in calls].index(True) + 1 :]
+    assert len(after) <= 2 and len(calls) < 200  # each of the 2 workers stopped at its next file

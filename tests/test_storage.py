@@ -796,3 +796,26 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
     assert ifs.verify(tmp_path / "copy").files_checked == 2
+
+
+def test_two_reads_of_one_file_on_the_memory_file_system_each_get_their_own_bytes() -> None:
+    """fsspec's memory file system hands every opener the one ``BytesIO`` it stores (and rewinds
+    it): two pinned reads of one file, interleaved as the read-ahead threads of a verified read
+    interleave them, must still each read their own range."""
+    from integrity_fs import storage
+
+    fs = MemoryFileSystem(skip_instance_cache=True)
+    path = f"/shared-{uuid.uuid4().hex}/w.bin"
+    data = bytes(range(256)) * 1024
+    fs.pipe_file(path, data)
+    first = storage.open_range(fs, path, 0, 4096, file_size=len(data))
+    second = storage.open_range(fs, path, 100_000, 4096, file_size=len(data))
+    try:
+        got_first, got_second = bytearray(4096), bytearray(4096)
+        assert first.readinto(memoryview(got_first)) == 4096
+        assert second.readinto(memoryview(got_second)) == 4096
+        assert bytes(got_first) == data[:4096] and bytes(got_second) == data[100_000:104_096]
+    finally:
+        first.close()
+        second.close()
+    fs.rm(path)

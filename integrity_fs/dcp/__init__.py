@@ -33,7 +33,7 @@ from ..options import Algorithm, Granularity
 from ..report import Problem, Report
 from ..retention import check_keep_last, same_series
 from ..runs import newest_that, signed_name, skip_reason
-from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest
+from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest, warn_unused
 from .writer import HashingFsspecWriter, WrittenFile
 
 try:
@@ -155,7 +155,7 @@ def load(  # noqa: PLR0913  # SPEC's signature
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
     require_manifest: bool = False,
-    mode: str = "sharded",
+    mode: str | None = None,
     max_workers: int | None = None,
     strict: bool = False,
     planner: LoadPlanner | None = None,
@@ -182,11 +182,12 @@ def load(  # noqa: PLR0913  # SPEC's signature
     ``require_manifest=False``). ``manifest``, ``public_key`` and ``expected_name`` (the name the
     signature must give the checkpoint) are as for :func:`integrity_fs.verify`.
     ``_extension_registry`` resolves custom stream extensions the checkpoint was saved with
-    (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are accepted for
-    compatibility and not used: each rank verifies what it reads. ``_loaded`` (for
-    :func:`load_latest`) receives the keys of ``state_dict`` that this rank wrote into, also when
-    the load fails.
+    (``save(..., _extensions=[...])``), as in DCP. ``mode`` and ``max_workers`` are deprecated
+    (a ``DeprecationWarning``): they do nothing, each rank verifies what it reads as it loads it.
+    ``_loaded`` (for :func:`load_latest`) receives the keys of ``state_dict`` that this rank wrote
+    into, also when the load fails.
     """
+    warn_unused("dcp.load", mode=mode, max_workers=max_workers)
     g = group_of(process_group)
     if g is not None:
         # Whether a rank verifies, and skips an unsealed checkpoint, decides which collectives it
@@ -329,10 +330,10 @@ def load_latest(  # noqa: PLR0913  # SPEC's signature
     *,
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
-    mode: str = "sharded",
+    mode: str | None = None,
     max_workers: int | None = None,
     strict: bool = False,
-    quick: bool = False,
+    quick: bool | None = None,
     planner: LoadPlanner | None = None,
     public_key: signing.PublicKey | None = None,
 ) -> str | None:
@@ -345,7 +346,7 @@ def load_latest(  # noqa: PLR0913  # SPEC's signature
     read), skipping unsealed, invalid, damaged, badly signed and changing ones with a WARNING
     each, the same on every rank; a storage error is raised. With ``public_key``, only a
     checkpoint whose signature verifies is loaded. ``mode``, ``max_workers`` and ``quick`` are
-    accepted for compatibility and not used.
+    deprecated (a ``DeprecationWarning``): they do nothing.
 
     ``None`` when none loads (or there is no ``root`` yet), and ``state_dict`` holds what it held.
     A candidate rejected before any of its bytes reached ``state_dict`` (its listing, manifest,
@@ -355,6 +356,7 @@ def load_latest(  # noqa: PLR0913  # SPEC's signature
     loads every key), else, and when none loads, :class:`~integrity_fs.errors.PartialLoadError`
     (an ``IntegrityError``) says that ``state_dict`` holds partial data, on every rank.
     """
+    warn_unused("dcp.load_latest", mode=mode, max_workers=max_workers, quick=quick)
     g = group_of(process_group)
     candidates = agreed_candidates(root, group=process_group, storage_options=storage_options)
     failed: dict[str, tuple[Exception, set[str]]] = {}  # URL -> why, and the keys it wrote into here

@@ -12,13 +12,16 @@ Internal: the public names are re-exported by ``integrity_fs.dcp``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import logging
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import signing, storage
 from ..collectives import INSTALL_HINT
@@ -31,12 +34,16 @@ from ..report import Problem, Report, printable
 from ..verification import Prepared, check_covered, plan_verification
 
 try:
+    import torch
+    from torch import _weights_only_unpickler
+    from torch.distributed._shard._utils import narrow_tensor_by_index
     from torch.distributed.checkpoint._extension import ExtensionRegistry
     from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
     from torch.distributed.checkpoint.metadata import Metadata
-    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+    from torch.distributed.checkpoint.utils import _create_file_view
     from torch.futures import Future
 except ImportError as exc:
     raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
@@ -46,7 +53,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-__all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader"]
+__all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader", "copy_tensor", "tensor_in", "warn_unused"]
 
 log = logging.getLogger("integrity_fs")
 
@@ -126,6 +133,25 @@ def check_listing(url: URL, storage_options: dict[str, Any] | None, found: Found
     return checkpoint
 
 
+#: What a deprecated option of ``dcp.load``, ``dcp.load_latest`` and the reader says to do instead.
+_UNUSED = {
+    "mode": "each rank verifies the bytes it reads, as it loads them",
+    "max_workers": "each file's units are hashed on the loader's own threads while DCP copies",
+    "quick": "each candidate is verified as it loads, every byte read once",
+}
+
+
+def warn_unused(call: str, **given: object) -> None:
+    """A ``DeprecationWarning`` for each option given (not ``None``) that no longer does anything."""
+    for name, value in given.items():
+        if value is not None:
+            warnings.warn(
+                f"{call}({name}=...) does nothing and will be removed: {_UNUSED[name]}; leave it out",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+
+
 class VerifiedFileSystem(_FsspecFileSystem):
     """DCP's fsspec file system for reading a sealed checkpoint: a file opened for reading is a
     :class:`~integrity_fs.read.VerifiedFile` of that file (a file the manifest does not cover is
@@ -185,8 +211,9 @@ class VerifyingFsspecReader(FsspecReader):
     ``CheckpointException``); :func:`integrity_fs.dcp.load` raises the merged verdict as it is. A
     checkpoint without a manifest is read unverified (logged at INFO) unless ``require_manifest``.
     ``_extension_registry`` (DCP's experimental ``ExtensionRegistry``) resolves the stream
-    extensions the checkpoint was saved with. ``process_group``, ``collective``, ``mode`` and
-    ``max_workers`` are accepted for compatibility and not used: each rank verifies what it reads.
+    extensions the checkpoint was saved with. ``process_group`` and ``collective`` are accepted for
+    compatibility and not used: each rank verifies what it reads. ``mode`` and ``max_workers`` are
+    deprecated (a ``DeprecationWarning``): they do nothing.
     """
 
     def __init__(  # noqa: PLR0913  # the public reader's keywords
@@ -199,11 +226,12 @@ class VerifyingFsspecReader(FsspecReader):
         public_key: Any = None,
         process_group: ProcessGroup | None = None,
         collective: bool = True,
-        mode: str = "sharded",
+        mode: str | None = None,
         max_workers: int | None = None,
         _extension_registry: ExtensionRegistry | None = None,
         **storage_options: Any,
     ) -> None:
+        warn_unused("dcp.VerifyingFsspecReader", mode=mode, max_workers=max_workers)
         super().__init__(path, **storage_options)
         # FsspecReader drops the registry that FileSystemReader takes: without it, streams saved
         # with custom extensions (the writer's ``_extensions``) cannot be read back.
@@ -262,21 +290,50 @@ class VerifyingFsspecReader(FsspecReader):
         return super().read_metadata(*args, **kwargs)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """DCP's reads, in offset order within each file: every unit is then read once."""
-
-        def where(item: Any) -> tuple[str, int]:
-            info = self.storage_data[item.storage_index]
-            return str(info.relative_path), int(info.offset)
-
-        ordered = LoadPlan(sorted(plan.items, key=where), plan.storage_data, plan.planner_data)
+        """DCP's reads, in offset order within each file, so that every unit is read once; a tensor
+        is made over the verified bytes of its unit (no copy) and copied into its target."""
         if self.checkpoint is None:
-            return super().read_data(ordered, planner)
-        return super().read_data(ordered, cast(LoadPlanner, _Noting(planner, self.checkpoint.keys_loaded)))
+            return super().read_data(plan, planner)
+        # Each key of state_dict is noted before bytes are written into it (for load_latest).
+        planner = cast(LoadPlanner, _Noting(planner, self.checkpoint.keys_loaded))
+        if self.checkpoint.manifest is None:
+            return super().read_data(plan, planner)  # unsealed: read as DCP reads
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in sorted(plan.items, key=self._where):
+            per_file.setdefault(self._where(item)[0], []).append(item)
+        for relative_path, items in per_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+                assert isinstance(stream, VerifiedFile)
+                for item in items:
+                    self._read_item(stream, item, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
-    def _slice_file(self, file: Any, sinfo: Any) -> Any:
-        if isinstance(file, VerifiedFile):
-            file.release_before(sinfo.offset)  # items come in offset order: what lies before is done
-        return super()._slice_file(file, sinfo)
+    def _where(self, item: ReadItem) -> tuple[str, int]:
+        info = self.storage_data[item.storage_index]
+        return str(info.relative_path), int(info.offset)
+
+    def _read_item(self, stream: VerifiedFile, item: ReadItem, planner: LoadPlanner) -> None:
+        """One item, as DCP's ``FileSystemReader.read_data`` reads it, from verified bytes."""
+        info = self.storage_data[item.storage_index]
+        stream.release_before(info.offset)  # items come in offset order: what lies before is done
+        if item.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+            raw = cast(IO[bytes], _create_file_view(stream, info.offset, info.length))
+            source = self.transforms.transform_load_stream(item, info.transform_descriptors or (), raw)
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(source.read(-1)))
+                return
+            seekable = source if source.seekable() else io.BytesIO(source.read(-1))
+            tensor = torch.load(seekable, map_location="cpu", weights_only=True)
+        else:
+            tensor = tensor_in(stream.region(info.offset, info.length))
+        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            raise AssertionError(f"req {item.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+        copy_tensor(target, tensor)
+        planner.commit_tensor(item, target)
 
 
 class _Noting:
@@ -297,3 +354,77 @@ class _Noting:
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
         self._keys.add(read_item.dest_index.fqn)
         return self._planner.resolve_tensor(read_item)
+
+
+def copy_tensor(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target.copy_(source)``; between contiguous CPU tensors of one dtype, one ``memmove`` on this
+    thread (without the GIL) instead: torch spreads a copy over its intra-op threads, which wait
+    for the cores that the read-ahead threads keep busy hashing (a 1 MiB copy measured 5-10x slower)."""
+    if (
+        type(target) is torch.Tensor
+        and type(source) is torch.Tensor
+        and target.device.type == source.device.type == "cpu"
+        and target.layout == source.layout == torch.strided
+        and target.dtype == source.dtype
+        and target.shape == source.shape
+        and target.is_contiguous()
+        and source.is_contiguous()
+        and not (target.is_conj() or source.is_conj() or target.is_neg() or source.is_neg())
+        and not target.requires_grad
+    ):
+        ctypes.memmove(target.data_ptr(), source.data_ptr(), target.nbytes)
+    else:
+        target.copy_(source)
+
+
+#: How ``torch.save`` starts what it writes (a zip archive), and the byte order this machine reads.
+_ZIP_MAGIC = b"PK\x03\x04"
+_BYTE_ORDER = sys.byteorder.encode()
+
+
+def tensor_in(memory: memoryview) -> torch.Tensor:
+    """The tensor ``torch.save`` wrote into ``memory`` (as ``torch.load(..., weights_only=True)``
+    reads it), its elements a view of ``memory``: what ``torch.load(path, mmap=True)`` does over a
+    mapped file, over verified memory instead. An archive in another byte order (which torch swaps
+    in place) or in torch's legacy format is read into memory of its own."""
+    if bytes(memory[:4]) == _ZIP_MAGIC:
+        archive = torch._C.PyTorchFileReader(cast(IO[bytes], _MemoryFile(memory)))
+        if "byteorder" in archive.get_all_records() and archive.get_record("byteorder") == _BYTE_ORDER:
+            with warnings.catch_warnings():  # read-only memory: torch never writes to it here
+                warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+                storage = torch.frombuffer(memory, dtype=torch.uint8).untyped_storage()
+            tensor: torch.Tensor = torch.serialization._load(  # type: ignore[no-untyped-call]
+                archive, "cpu", _weights_only_unpickler, overall_storage=storage, encoding="utf-8"
+            )
+            return tensor
+    return torch.load(io.BytesIO(memory), map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+
+
+class _MemoryFile:
+    """The seekable file over ``memory`` that torch's archive reader reads the archive's directory
+    and small records through (``readinto``, ``seek``, ``tell``); the tensors' bytes are not read."""
+
+    def __init__(self, memory: memoryview) -> None:
+        self._memory = memory
+        self._position = 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: len(self._memory)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        piece = self._memory[self._position : self._position + len(view)]
+        view[: len(piece)] = piece
+        self._position += len(piece)
+        return len(piece)
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._memory) if size < 0 else self._position + size
+        piece = bytes(self._memory[self._position : end])
+        self._position += len(piece)
+        return piece

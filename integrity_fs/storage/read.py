@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import os
 import threading
@@ -25,10 +26,11 @@ from typing import Any, Protocol, TypeVar
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
+from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractBufferedFile
 
 from ..errors import FileChangedError
-from ..hashing import ALGORITHMS, READ_SIZES, new_hasher
+from ..hashing import ALGORITHMS, MAPPED_READS, READ_SIZES, new_hasher
 from . import gcs, s3
 from .calls import READ_ATTEMPTS, check_stop, close_stream, on_loop, read_attempts, read_block, retried
 from .errors import FileGrewError, ShortReadError, SizeChangedError, storage_errors
@@ -56,6 +58,11 @@ BLOCK_SIZE = 1024 * 1024
 #: Reads into a caller's unit buffer take this many blocks at a time: fewer calls (each one takes
 #: the GIL back) while a loader thread shares the process with the caller's own work.
 INTO_PIECES = 4
+#: Local reads of at least this many bytes hashed by an algorithm of ``MAPPED_READS`` map the file
+#: instead of reading it into a buffer, and hash this many bytes of the mapping per call (the
+#: file's identity is checked before each).
+MAPPED_MIN = 1024 * 1024
+MAPPED_PIECE = 16 * 1024 * 1024
 #: Request size on object stores that are read in pieces (GCS, generic backends).
 REMOTE_BLOCK_SIZE = 8 * 1024 * 1024
 
@@ -292,11 +299,16 @@ def _changed(fs: fsspec.AbstractFileSystem, path: str, listed: Version, now: str
 
 
 def _open_buffered(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    """A binary reader for ``path`` tuned for sequential streaming (readahead where it applies)."""
+    """A binary reader of its own for ``path``, tuned for sequential streaming (readahead where it
+    applies). fsspec's memory file system hands every opener the very ``BytesIO`` it stores: its
+    bytes get a reader of their own here (no copy), so that reads on other threads never move it."""
     try:
-        return fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
+        f = fs.open(path, "rb", block_size=REMOTE_BLOCK_SIZE, cache_type="readahead")
     except TypeError:  # a backend whose open() takes no cache options
-        return fs.open(path, "rb")
+        f = fs.open(path, "rb")
+    if isinstance(fs, MemoryFileSystem) and fs.store.get(fs._strip_protocol(path)) is f:
+        return io.BytesIO(f.getvalue())
+    return f
 
 
 def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> None:
@@ -411,10 +423,21 @@ def _hash_once(
     others: Sequence[Sink] = (),
 ) -> str:
     hasher = new_hasher(algorithm)
-    piece = READ_SIZES.get(algorithm, BLOCK_SIZE) * (INTO_PIECES if into is not None else 1)
-    own = memoryview(bytearray(max(1, min(piece, length)))) if into is None else None
     reader = open_range(fs, path, offset, length, file_size=file_size, version=version, stop=stop)
     try:
+        mapped = into is None and not others and algorithm in MAPPED_READS and length >= MAPPED_MIN
+        pieces = reader.mapped(MAPPED_PIECE) if mapped and isinstance(reader, LocalRange) else None
+        if pieces is not None:
+            for view in pieces:
+                check_stop(stop)
+                hasher.update(view)
+                counter[0] += len(view)
+                if progress is not None:
+                    progress(len(view))
+            reader.finish()
+            return hasher.hexdigest()
+        piece = READ_SIZES.get(algorithm, BLOCK_SIZE) * (INTO_PIECES if into is not None else 1)
+        own = memoryview(bytearray(max(1, min(piece, length)))) if into is None else None
         done = 0
         while done < length:
             check_stop(stop)
