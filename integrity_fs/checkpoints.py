@@ -14,12 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from fsspec.callbacks import Callback
 
 from . import manifests, signing, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
@@ -27,6 +24,7 @@ from .manifest import Manifest
 from .options import VerifyOptions, Work
 from .report import Problem, Report, printable
 from .runs import Verdict, candidates, checkpoint_names, named, names_or_none, newest_that
+from .storage import URL, Callback
 from .verification import check
 
 if TYPE_CHECKING:
@@ -45,7 +43,6 @@ __all__ = [
 
 log = logging.getLogger("integrity_fs")
 
-URL = str | os.PathLike[str]
 
 #: How :attr:`CheckpointStatus.detail` starts when the verdict is a signature's (``status`` with a key).
 BAD_SIGNATURE = "bad signature: "

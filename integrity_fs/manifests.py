@@ -11,15 +11,17 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TypeVar
-
-import fsspec
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from . import formats, signing, storage
 from .errors import ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
 from .options import VerifyOptions
 from .report import Problem, Report, printable
+from .storage import URL
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = [
     "InUse",
@@ -35,7 +37,6 @@ __all__ = [
 
 log = logging.getLogger("integrity_fs")
 T = TypeVar("T")
-URL = str | os.PathLike[str]
 
 
 def read_manifest(

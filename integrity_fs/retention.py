@@ -19,6 +19,7 @@ from . import manifests, series, signing, storage
 from .options import Attested, Checked, VerifyOptions, Work, attested_mode, checked, optional
 from .report import printable
 from .runs import Verdict, candidates, checkpoint_names, named, verdict_of
+from .storage import URL
 from .verification import check
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ __all__ = [
 
 log = logging.getLogger("integrity_fs")
 
-URL = str | os.PathLike[str]
 
 #: What :func:`prune` does with a checkpoint.
 Action = Literal["kept", "deleted", "left"]

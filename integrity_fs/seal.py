@@ -4,7 +4,6 @@ and its signature after the content was verified."""
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from . import manifests, signing, storage
@@ -14,6 +13,7 @@ from .manifest import MANIFEST_FILENAME, Manifest
 from .options import Algorithm, Granularity, Hashing, SealOptions, VerifyOptions, Work, signing_key
 from .report import printable
 from .sealing import seal_at
+from .storage import URL
 from .verification import check
 
 if TYPE_CHECKING:
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["seal", "sign"]
 
 log = logging.getLogger("integrity_fs")
-
-URL = str | os.PathLike[str]
 
 
 def seal(  # noqa: PLR0913  # SPEC's signature

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from . import signing, storage
 from .manifest import Manifest
 from .options import Attested, ManifestFormat, VerifyOptions, Work
 from .report import Report
+from .storage import URL
 from .verification import check
 
 if TYPE_CHECKING:
@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from fsspec.callbacks import Callback
 
 __all__ = ["verify"]
-
-URL = str | os.PathLike[str]
 
 
 def verify(  # noqa: PLR0913  # SPEC's signature
@@ -53,13 +51,5 @@ def verify(  # noqa: PLR0913  # SPEC's signature
     name the signature must give the checkpoint, so that one copied from another checkpoint is a
     ``SignatureError``. Caching layers in ``url`` are looked beneath: the store is verified, never a cache.
     """
-    options = VerifyOptions(
-        strict=strict,
-        quick=quick,
-        attested=attested,
-        manifest=manifest,
-        manifest_format=manifest_format,
-        public_key=public_key,
-        expected_name=expected_name,
-    )
+    options = VerifyOptions(strict, quick, attested, manifest, manifest_format, public_key, expected_name)
     return check(*storage.resolve(url, storage_options, fs), options, Work(max_workers, callback))

@@ -39,6 +39,7 @@ import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp, hashing, storage
 from integrity_fs.dcp import streams as dcp_streams
 from integrity_fs.dcp import writer as dcp_writer
+from integrity_fs.options import Hashing
 
 
 def _state() -> dict[str, Any]:
@@ -574,9 +575,7 @@ def test_growing_sealing_writer_lays_out_what_it_can_and_streams_the_rest(
         monkeypatch.setattr(_s3, "MAX_PARTS", 2)  # as if 10,000
     data = random.Random(size).randbytes(size)
     path = s3_backend.path("f.bin")
-    writer = storage.SealingWriter(
-        s3_backend.fs, path, algorithm="sha256", granularity=granularity, chunk_size=chunk_size, growing=True
-    )
+    writer = storage.SealingWriter(s3_backend.fs, path, Hashing("sha256", granularity, chunk_size), growing=True)
     for start in range(0, size, 1 << 20):
         writer.write(data[start : start + (1 << 20)])
     digests = writer.close()

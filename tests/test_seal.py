@@ -195,7 +195,7 @@ def test_seal_refuses_a_file_that_is_also_a_folder_before_reading_anything(s3_ba
     hashed: list[str] = []
     real = ifs.storage.hash_range
     monkeypatch.setattr(
-        ifs.storage, "hash_range", lambda fs, path, *a, **k: hashed.append(path) or real(fs, path, *a, **k)
+        ifs.storage, "hash_range", lambda span, *a, **k: hashed.append(span.path) or real(span, *a, **k)
     )
     options = s3_backend.storage_options
     with pytest.raises(ValueError, match=r"'sub' is a file and also a folder holding 'sub/x.bin'"):

@@ -33,6 +33,7 @@ from ..options import Algorithm, Granularity
 from ..report import Problem, Report
 from ..retention import check_keep_last, same_series
 from ..runs import newest_that, signed_name, skip_reason
+from ..storage import URL
 from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest, warn_unused
 from .writer import HashingFsspecWriter, WrittenFile
 
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["HashingFsspecWriter", "VerifyingFsspecReader", "WrittenFile", "load", "load_latest", "save"]
 
 log = logging.getLogger("integrity_fs")
-
-URL = str | os.PathLike[str]
 
 
 def save(  # noqa: PLR0913  # SPEC's signature

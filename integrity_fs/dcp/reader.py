@@ -31,6 +31,7 @@ from ..manifests import manifest_in_use
 from ..options import VerifyOptions
 from ..read import Entry, VerifiedFile
 from ..report import Problem, Report, printable
+from ..storage import URL
 from ..verification import Prepared, check_covered, plan_verification
 
 try:
@@ -57,7 +58,6 @@ __all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader", "copy_te
 
 log = logging.getLogger("integrity_fs")
 
-URL = str | os.PathLike[str]
 #: A manifest to load against: the manifest, the name of its file inside the root (if it is
 #: there), whether a signature vouches for it, and whether that signature leaves the root's
 #: empty files to the listing (model_signing's own shards: see ``signing.with_empty_files``).

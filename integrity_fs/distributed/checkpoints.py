@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from ..collectives import Call, Group, Mode, all_gather, check_agreed, check_mod
 from ..options import VerifyOptions, Work
 from ..report import Report, printable
 from ..runs import candidates, checkpoint_names, named, names_or_none, newest_that, verdict_of
+from ..storage import URL
 from .pipelines import collective_verify
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = ["agreed_candidates", "latest_verified", "prune", "status"]
-
-URL = str | os.PathLike[str]
 
 
 def latest_verified(

@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 import heapq
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from ..manifest import Manifest
 from ..options import Attested, SealOptions, VerifyOptions, Work
 from ..report import Report
 from ..sealing import SealPlan, finish_seal, plan_seal, seal_at
+from ..storage import URL
 from ..verification import (
     Prepared,
     attestable_names,
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["UNIT_COST_BYTES", "collective_verify", "seal", "shard_units", "verify"]
 
-URL = str | os.PathLike[str]
 
 #: What opening one unit costs, counted in bytes, when balancing shares: a request to an object
 #: store takes about as long as reading this much, so many small files do not pile onto one rank.

@@ -18,7 +18,6 @@ Needs torch (extra ``hf``); the ``safetensors`` package itself is not used.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from ..manifests import manifest_in_use, read_manifest
 from ..options import VerifyOptions
 from ..read import VerifiedFile, open
 from ..report import printable
+from ..storage import URL
 
 try:
     import torch
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DTYPES", "INDEX_NAME", "MAX_HEADER_SIZE", "WEIGHTS_NAME", "load_state_dict"]
 
-URL = str | os.PathLike[str]
 
 #: The file of a directory with one safetensors file (what ``save_pretrained`` writes).
 WEIGHTS_NAME = "model.safetensors"

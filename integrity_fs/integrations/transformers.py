@@ -41,6 +41,7 @@ from ..options import Algorithm, Granularity, SealOptions, Work
 from ..retention import PruneResult, check_keep_last
 from ..runs import newest_that, signed_name
 from ..sealing import seal_at
+from ..storage import URL
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -52,7 +53,6 @@ except ImportError as exc:
 
 __all__ = ["CHECKPOINT_NAME", "IntegrityCallback", "latest_verified_checkpoint"]
 
-URL = str | os.PathLike[str]
 
 #: The folders the Trainer writes (``checkpoint-500``); the number is the global step.
 CHECKPOINT_NAME = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-([0-9]+)")

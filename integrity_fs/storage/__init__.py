@@ -6,7 +6,7 @@ Internal: the verbs of integrity_fs call these; users call the verbs.
 
 from .calls import check_stop, on_loop
 from .checksums import StoreHasher, computed_values, keeps_checksums, listed_states, object_states
-from .copying import copy_file, copy_within
+from .copying import copy_file, copy_within, rename_object
 from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import (
     NOT_CONTENT,
@@ -22,10 +22,12 @@ from .listing import (
     stat_file,
 )
 from .local import create_beneath, unlink_beneath
-from .read import BLOCK_SIZE, ProgressFn, Range, Sink, fresh_size, hash_range, open_range, read_file
+from .progress import DEFAULT_CALLBACK, Callback, TqdmCallback, progress_fn
+from .read import BLOCK_SIZE, ProgressFn, Range, Sink, Span, fresh_size, hash_range, open_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
 from .removing import METADATA_ORDER, Folder, folder_of, remove_folders
 from .urls import (
+    URL,
     Place,
     beneath_caches,
     describe,
@@ -53,8 +55,11 @@ from .write import (
 
 __all__ = [
     "BLOCK_SIZE",
+    "DEFAULT_CALLBACK",
     "METADATA_ORDER",
     "NOT_CONTENT",
+    "URL",
+    "Callback",
     "Cancelled",
     "FileGrewError",
     "Folder",
@@ -67,7 +72,9 @@ __all__ = [
     "ShortReadError",
     "Sink",
     "SizeChangedError",
+    "Span",
     "StoreHasher",
+    "TqdmCallback",
     "Version",
     "WriteRecording",
     "Written",
@@ -104,6 +111,7 @@ __all__ = [
     "parent",
     "place",
     "plan_recording",
+    "progress_fn",
     "read_file",
     "read_records",
     "record_checksums",
@@ -111,6 +119,7 @@ __all__ = [
     "remove_file",
     "remove_files",
     "remove_folders",
+    "rename_object",
     "resolve",
     "stamp_of",
     "stat_file",

@@ -23,6 +23,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from ..hashing import StreamDigest, new_hasher
+from ..options import Hashing
 from ..recorded import ObjectState
 from ..report import shortened
 from . import s3
@@ -134,10 +135,8 @@ class SealingWriter:
         self,
         fs: fsspec.AbstractFileSystem,
         path: str,
+        hashing: Hashing,
         *,
-        algorithm: str,
-        granularity: str,
-        chunk_size: int | None,
         size: int | None = None,
         growing: bool = False,
         written: Written | None = None,
@@ -146,7 +145,8 @@ class SealingWriter:
         self.path = path
         self._written = written
         self._root = written.root if written is not None else os.path.dirname(path)  # local: nothing below it followed
-        self._digest = StreamDigest(algorithm, chunk_size if granularity == "chunk" else None)
+        algorithm, granularity, chunk_size = hashing.algorithm, hashing.granularity, hashing.chunk_size
+        self._digest = StreamDigest(algorithm, chunk_size)
         self._part_size: int | None = None
         if self.carries_checksums(fs, algorithm):
             if size is not None:

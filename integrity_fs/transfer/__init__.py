@@ -23,6 +23,7 @@ from ..manifest import MANIFEST_FILENAME, Manifest
 from ..options import Algorithm, Granularity, SealOptions, VerifyOptions, Work
 from ..report import Report, printable
 from ..sealing import build_manifest, plan_seal
+from ..storage import URL
 from ..verification import prepare
 from . import staging
 from .destination import Destination
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["STAGING_MARK", "copy", "download", "upload"]
 
-URL = str | os.PathLike[str]
 
 log = logging.getLogger("integrity_fs")
 

@@ -144,10 +144,8 @@ class Destination:
                 self.side.path(name),
                 dst.path(name),
                 sizes[name],
-                algorithm=hashing.algorithm,
-                granularity=hashing.granularity,
-                chunk_size=hashing.chunk_size,
-                digests=digests,
+                hashing,
+                digests,
             )
 
         run_parallel(move, sorted(sizes, key=lambda n: -sizes[n]), work.max_workers or default_workers(fs))
