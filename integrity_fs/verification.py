@@ -129,8 +129,26 @@ def prepare(
     The manifest file in use, like the root's ``_integrity_manifest.json``, is not in the listing.
     For an attested verification against the root's own manifest, the recorded store checksums
     are read too. With a key or an external manifest they are not (see :func:`trusts_records`).
+
+    The listing holds every file a verification must account for: temporary files left at the
+    root by an interrupted write of ours are files here (extra, unless the manifest lists them),
+    so ``strict`` and a signature see them. With a key, a file the signature does not cover is a
+    ``SignatureError``, ``strict`` or not (model_signing's verifier refuses such files too), except
+    an empty file under model_signing's own shards (no shard can cover it; its verifier accepts it).
     """
-    manifest, listing, kind = manifest_and_listing(fs, root, options, sizes=sizes, versions=versions, states=states)
+    manifest, in_use, kind, empty_unsigned = manifests.manifest_in_use(fs, root, options)
+    if sizes is not None:
+        listing = dict(sizes)
+    else:  # quick: in the store's order (only compared with the manifest; sorting is a sixth of the cost)
+        listing = storage.list_files(
+            fs, root, versions=versions, leftovers=True, states=states, ordered=not options.quick
+        )
+    if in_use is not None:
+        listing.pop(in_use, None)
+    if empty_unsigned:  # model_signing's shards: the root's empty files pass while empty
+        manifest = signing.with_empty_files(manifest, listing)
+    if options.public_key is not None:
+        check_covered(manifest, listing, storage.describe(fs, root))
     plan = plan_verification(manifest, listing, strict=options.strict, quick=options.quick)
     records = None
     listed = states is None or CHECKSUMS_FILENAME in states  # a listing made here shows the sidecar
@@ -145,40 +163,6 @@ def trusts_records(options: VerifyOptions) -> bool:
     rewrite that manifest too; a signature or an external manifest is trusted beyond the bucket,
     so there only the store's SHA-256 compared with its digests attests."""
     return options.public_key is None and options.manifest is None
-
-
-def manifest_and_listing(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    options: VerifyOptions,
-    *,
-    sizes: dict[str, int] | None = None,
-    versions: dict[str, storage.Version] | None = None,
-    states: dict[str, ObjectState] | None = None,
-) -> tuple[Manifest, dict[str, int], str | None]:
-    """The manifest to verify against, the listing to check it with (see :func:`prepare`), and
-    the format of the manifest file read (``None``: none was).
-
-    The listing holds every file a verification must account for: temporary files left at the
-    root by an interrupted write of ours are files here (extra, unless the manifest lists them),
-    so ``strict`` and a signature see them. With a key, a file the signature does not cover is a
-    ``SignatureError``, ``strict`` or not (model_signing's verifier refuses such files too), except
-    an empty file under model_signing's own shards (no shard can cover it; its verifier accepts it).
-    """
-    found, in_use, kind, empty_unsigned = manifests.manifest_in_use(fs, root, options)
-    if sizes is not None:
-        listing = dict(sizes)
-    else:  # quick: in the store's order (only compared with the manifest; sorting is a sixth of the cost)
-        listing = storage.list_files(
-            fs, root, versions=versions, leftovers=True, states=states, ordered=not options.quick
-        )
-    if in_use is not None:
-        listing.pop(in_use, None)
-    if empty_unsigned:  # model_signing's shards: the root's empty files pass while empty
-        found = signing.with_empty_files(found, listing)
-    if options.public_key is not None:
-        check_covered(found, listing, storage.describe(fs, root))
-    return found, listing, kind
 
 
 def check_covered(signed: Manifest, listing: Mapping[str, int], location: str) -> None:

@@ -81,9 +81,7 @@ def launched(args: argparse.Namespace, run: Run, verb: str, url: str, options: o
     """``verb`` of ``args.launch`` (the library's pipeline, or its collective under a launcher)
     on ``url`` with ``options``, the storage options, the workers and the progress bar."""
     call = getattr(args.launch, verb)
-    return call(
-        url, mode=args.mode, options=options, storage_options=storage, max_workers=args.workers, callback=run.callback
-    )
+    return call(url, mode=args.mode, options=options, storage_options=storage, **run.work)
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
@@ -98,9 +96,7 @@ def cmd_seal(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     key = private_key_of(args.key)
     with running(args, "sign", failure(args.url, "; not signed")) as run:
-        manifest = sign(
-            args.url, private_key=key, storage_options=options_of(args), max_workers=args.workers, callback=run.callback
-        )
+        manifest = sign(args.url, private_key=key, storage_options=options_of(args), **run.work)
     print(f"verified {args.url}: {format_work(len(manifest.files), manifest.total_bytes or 0, run.elapsed())}")
     signed_note(args.key)
     return EXIT_OK
@@ -109,14 +105,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     options, key = args.launch.agreed(lambda: (options_of(args), public_key_of(args.public_key)))
     with running(args, "verify", lambda err, elapsed: print_verify_report(args, err.report, elapsed, err)) as run:
-        checks = VerifyOptions(
-            strict=args.strict,
-            quick=args.quick,
-            attested=args.attested,
-            manifest=args.manifest,
-            manifest_format=args.manifest_format,
-            public_key=key,
-        )
+        checks = VerifyOptions(args.strict, args.quick, args.attested, args.manifest, args.manifest_format, key)
         report = launched(args, run, "verify", args.url, checks, options)
     print_verify_report(args, report, run.elapsed(), unchecked_bundle=key is None and manifest_is_a_bundle(args))
     return EXIT_OK
@@ -190,8 +179,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             keep=args.keep,
             match=args.match,
             storage_options=options,
-            max_workers=args.workers,
-            callback=run.callback,
+            **run.work,
         )
     print_prune(args.root, result, keep_last=args.keep_last, as_json=args.json)
     return EXIT_OK
@@ -235,12 +223,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     with running(args, "download", failure(args.url, f"; nothing was written to {args.dest}")) as run:
         report = transfer.download(
-            args.url,
-            args.dest,
-            storage_options=options_of(args),
-            max_workers=args.workers,
-            callback=run.callback,
-            strict=args.strict,
+            args.url, args.dest, storage_options=options_of(args), strict=args.strict, **run.work
         )
     head = f"downloaded and verified {args.url} -> {args.dest}"
     print_transferred(head, report, run.elapsed(), not_done="not downloaded")
@@ -255,8 +238,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
             storage_options=options_of(args),
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
-            max_workers=args.workers,
-            callback=run.callback,
+            **run.work,
             overwrite=args.force,
             algorithm=args.algorithm,
             private_key=private_key_of(args.sign_key),
@@ -273,8 +255,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             args.dst,
             src_options=options_of(args, "src_options"),
             dst_options=options_of(args, "dst_options"),
-            max_workers=args.workers,
-            callback=run.callback,
+            **run.work,
             overwrite=args.force,
         )
     print_transferred(f"copied and verified {args.src} -> {args.dst}", report, run.elapsed(), not_done="not copied")
