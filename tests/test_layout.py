@@ -7,6 +7,9 @@
   or calls a file system's own method (``fs.rm(...)``: a method of fsspec's
   ``AbstractFileSystem`` on ``fs``, ``self.fs``, ``dst_fs``, ...); only ``storage`` imports
   fsspec's backends or the stores' own packages (and the demo, the S3 server it runs);
+- ``storage`` exports what the modules outside it use, no more: each name of its ``__all__`` is
+  used as ``storage.NAME`` or imported from ``storage`` by one of them (or taken through the
+  package by a storage module, ``from . import NAME``, so that tests can replace it);
 - a verb (``verify``, ``seal``, ``read``, ``transfer``, ``checkpoints``, ``retention``) never imports
   another verb: what two verbs share lives in a lower module (``verification``, ``sealing``,
   ``runs``, ``work``, ``options``, ...);
@@ -182,6 +185,23 @@ def test_storage_is_the_only_door_to_fsspec() -> None:
         if uses:
             bad[name] = uses
     assert bad == {}
+
+
+def test_storage_exports_what_the_modules_outside_it_use() -> None:
+    from integrity_fs import storage
+
+    used: set[str] = set()
+    for name, path in modules().items():
+        inside = name.split(".")[0] == "storage"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if inside:  # a storage module taking a name through the package (where tests can replace it)
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+                    used.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "storage":
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "storage":
+                used.update(alias.name for alias in node.names)
+    assert sorted(set(storage.__all__) - used) == []
 
 
 def test_no_verb_imports_another_verb() -> None:

@@ -4,31 +4,26 @@ pinned, retried reader) and writing (atomic, checksummed, never half-committed).
 Internal: the verbs of integrity_fs call these; users call the verbs.
 """
 
-from .calls import check_stop, on_loop
-from .checksums import StoreHasher, computed_values, keeps_checksums, listed_states, object_states
+from .checksums import StoreHasher, computed_values, keeps_checksums, object_states
 from .copying import copy_file, copy_within, rename_object
-from .errors import Cancelled, FileGrewError, NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
+from .errors import Cancelled, NotARegularFileError, SizeChangedError
 from .listing import (
     NOT_CONTENT,
     Version,
     check_no_clashes,
     check_root,
     exists,
-    file_folder_clashes,
-    forget_cached,
     list_dirs,
     list_files,
-    stamp_of,
     stat_file,
 )
 from .local import create_beneath, unlink_beneath
 from .progress import DEFAULT_CALLBACK, Callback, TqdmCallback, progress_fn
-from .read import BLOCK_SIZE, ProgressFn, Range, Sink, Span, fresh_size, hash_range, open_range, read_file
+from .read import BLOCK_SIZE, ProgressFn, Sink, Span, hash_range, read_file
 from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
-from .removing import METADATA_ORDER, Folder, folder_of, remove_folders
+from .removing import METADATA_ORDER, folder_of, remove_folders
 from .urls import (
     URL,
-    Place,
     beneath_caches,
     describe,
     is_local,
@@ -37,18 +32,15 @@ from .urls import (
     local_path,
     overlap,
     parent,
-    place,
     resolve,
 )
 from .write import (
     SealingWriter,
     Written,
-    make_local_parent,
     makedirs,
     object_checksums,
     remove_file,
     remove_files,
-    store_checksums,
     sync_dirs,
     write_atomic,
 )
@@ -61,15 +53,10 @@ __all__ = [
     "URL",
     "Callback",
     "Cancelled",
-    "FileGrewError",
-    "Folder",
     "NotARegularFileError",
-    "Place",
     "ProgressFn",
-    "Range",
     "Recording",
     "SealingWriter",
-    "ShortReadError",
     "Sink",
     "SizeChangedError",
     "Span",
@@ -81,35 +68,26 @@ __all__ = [
     "beneath_caches",
     "check_no_clashes",
     "check_root",
-    "check_stop",
     "computed_values",
     "copy_file",
     "copy_within",
     "create_beneath",
     "describe",
     "exists",
-    "file_folder_clashes",
     "folder_of",
-    "forget_cached",
-    "fresh_size",
     "hash_range",
     "is_local",
     "join",
     "keeps_checksums",
     "list_dirs",
     "list_files",
-    "listed_states",
     "local_filesystem",
     "local_path",
-    "make_local_parent",
     "makedirs",
     "object_checksums",
     "object_states",
-    "on_loop",
-    "open_range",
     "overlap",
     "parent",
-    "place",
     "plan_recording",
     "progress_fn",
     "read_file",
@@ -121,10 +99,7 @@ __all__ = [
     "remove_folders",
     "rename_object",
     "resolve",
-    "stamp_of",
     "stat_file",
-    "storage_errors",
-    "store_checksums",
     "sync_dirs",
     "unlink_beneath",
     "write_atomic",
