@@ -178,7 +178,7 @@ class Work(Checked):
     callback: Any = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SealOptions(Checked):
     """What a seal writes, checked when made (before anything is read).
 
@@ -209,7 +209,7 @@ class SealOptions(Checked):
             signing.check_signable(hashing.algorithm, hashing.granularity)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VerifyOptions(Checked):
     """What a verification checks, checked when made (before anything is read).
 

@@ -47,7 +47,13 @@ def seal(  # noqa: PLR0913  # SPEC's signature
     is read raises ``FileChangedError``. With ``private_key`` (a PEM path or a ``cryptography``
     EC key), ``model.sig`` is written right after the manifest, from the same digests.
     """
-    options = SealOptions(algorithm, granularity, chunk_size, overwrite, private_key)
+    options = SealOptions(
+        algorithm=algorithm,
+        granularity=granularity,
+        chunk_size=chunk_size,
+        overwrite=overwrite,
+        private_key=private_key,
+    )
     return seal_at(*storage.resolve(url, storage_options, fs), options, Work(max_workers, callback))
 
 

@@ -51,5 +51,13 @@ def verify(  # noqa: PLR0913  # SPEC's signature
     name the signature must give the checkpoint, so that one copied from another checkpoint is a
     ``SignatureError``. Caching layers in ``url`` are looked beneath: the store is verified, never a cache.
     """
-    options = VerifyOptions(strict, quick, attested, manifest, manifest_format, public_key, expected_name)
+    options = VerifyOptions(
+        strict=strict,
+        quick=quick,
+        attested=attested,
+        manifest=manifest,
+        manifest_format=manifest_format,
+        public_key=public_key,
+        expected_name=expected_name,
+    )
     return check(*storage.resolve(url, storage_options, fs), options, Work(max_workers, callback))

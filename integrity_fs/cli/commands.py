@@ -87,7 +87,13 @@ def launched(args: argparse.Namespace, run: Run, verb: str, url: str, options: o
 def cmd_seal(args: argparse.Namespace) -> int:
     options, key = args.launch.agreed(lambda: (options_of(args), private_key_of(args.sign_key)))
     with running(args, "seal") as run:
-        sealing = SealOptions(args.algorithm, granularity_of(args), args.chunk_size, args.force, key)
+        sealing = SealOptions(
+            algorithm=args.algorithm,
+            granularity=granularity_of(args),
+            chunk_size=args.chunk_size,
+            overwrite=args.force,
+            private_key=key,
+        )
         manifest = launched(args, run, "seal", args.url, sealing, options)
     print_written(f"sealed {args.url}", manifest, run.elapsed(), key_path=args.sign_key)
     return EXIT_OK
@@ -105,7 +111,14 @@ def cmd_sign(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     options, key = args.launch.agreed(lambda: (options_of(args), public_key_of(args.public_key)))
     with running(args, "verify", lambda err, elapsed: print_verify_report(args, err.report, elapsed, err)) as run:
-        checks = VerifyOptions(args.strict, args.quick, args.attested, args.manifest, args.manifest_format, key)
+        checks = VerifyOptions(
+            strict=args.strict,
+            quick=args.quick,
+            attested=args.attested,
+            manifest=args.manifest,
+            manifest_format=args.manifest_format,
+            public_key=key,
+        )
         report = launched(args, run, "verify", args.url, checks, options)
     print_verify_report(args, report, run.elapsed(), unchecked_bundle=key is None and manifest_is_a_bundle(args))
     return EXIT_OK

@@ -95,7 +95,9 @@ class HashingFsspecWriter(FsspecWriter):
         if keep_last is not None:
             check_keep_last("keep_last", keep_last)
         self.keep_last = keep_last
-        options = SealOptions(algorithm, granularity, chunk_size, private_key=private_key)
+        options = SealOptions(
+            algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, private_key=private_key
+        )
         hashing = options.hashing
         chunk_size = hashing.chunk_size
         # Kept as PEM bytes: the writer is pickled for DCP's process executor, a key object is not picklable.

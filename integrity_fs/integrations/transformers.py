@@ -84,7 +84,9 @@ class IntegrityCallback(TrainerCallback):
         granularity: Granularity = DEFAULT_GRANULARITY,
         chunk_size: int | None = None,
     ) -> None:
-        self._options = SealOptions(algorithm, granularity, chunk_size, overwrite=True, private_key=private_key)
+        self._options = SealOptions(
+            algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, overwrite=True, private_key=private_key
+        )
         if keep_last is not None:
             check_keep_last("keep_last", keep_last)
         self.keep_last = keep_last

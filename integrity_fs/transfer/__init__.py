@@ -148,7 +148,13 @@ def upload(  # noqa: PLR0913  # SPEC's signature
     written right after the manifest, signing its digests (those just computed, or the checked
     source manifest's); a signature beside ``src`` is then not copied, else it is carried along.
     """
-    options = SealOptions(algorithm, granularity, chunk_size, overwrite, private_key)
+    options = SealOptions(
+        algorithm=algorithm,
+        granularity=granularity,
+        chunk_size=chunk_size,
+        overwrite=overwrite,
+        private_key=private_key,
+    )
     work = Work(max_workers, callback)
     source = Side(storage.local_filesystem(), _local_path(src, "src"))
     dst = Side(*storage.resolve(url, storage_options, fs))
