@@ -124,6 +124,7 @@ def upload_sealing(files: list[str], dest: str, options: dict[str, Any], *, chun
     """``storage.SealingWriter`` in chunk granularity: each file hashed while it is sent, in parts
     of exactly ``chunk_size`` that carry their SHA-256 (one PUT for a file of one chunk)."""
     from integrity_fs import storage
+    from integrity_fs.options import Hashing
 
     fs = _s3fs(options)
 
@@ -133,9 +134,7 @@ def upload_sealing(files: list[str], dest: str, options: dict[str, Any], *, chun
             writer = storage.SealingWriter(
                 fs,
                 f"{dest}/{os.path.basename(path)}",
-                algorithm="sha256",
-                granularity="chunk",
-                chunk_size=chunk_size,
+                Hashing("sha256", "chunk", chunk_size),
                 size=os.path.getsize(path),
             )
             for piece in _pieces(path):
@@ -267,15 +266,14 @@ def _upload_checkpoint(options: dict[str, Any], ds: Dataset, chunk_size: int, ro
     """Write ``ds``'s files to moto with SealingWriter, then seal them there; the URL and paths."""
     import integrity_fs
     from integrity_fs import storage
+    from integrity_fs.options import Hashing
 
     fs = _s3fs(options)
     dest = f"{s3.BUCKET}/attested-{ds.name}-c{chunk_size // MiB}"
     paths = []
     for path in datasets.data_files(root, ds):
         target = f"{dest}/{os.path.basename(path)}"
-        writer = storage.SealingWriter(
-            fs, target, algorithm="sha256", granularity="chunk", chunk_size=chunk_size, size=os.path.getsize(path)
-        )
+        writer = storage.SealingWriter(fs, target, Hashing("sha256", "chunk", chunk_size), size=os.path.getsize(path))
         for piece in _pieces(path):
             writer.write(piece)
         writer.close()

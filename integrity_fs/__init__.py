@@ -2,7 +2,7 @@
 on any fsspec filesystem (local, S3, GCS, ...)."""
 
 from . import formats, logs
-from .checkpoints import PruneResult, find_checkpoints, latest_verified, prune
+from .checkpoints import find_checkpoints, latest_verified
 from .errors import (
     CheckpointingException,
     FileChangedError,
@@ -14,8 +14,10 @@ from .errors import (
 )
 from .manifest import MANIFEST_FILENAME, Manifest
 from .manifests import read_manifest
+from .options import SealOptions, VerifyOptions
 from .read import VerifiedFile, open
 from .report import SIGNATURE_FILENAME, Problem, Report
+from .retention import PruneResult, prune
 from .seal import seal, sign
 from .transfer import copy, download, upload
 from .verify import verify
@@ -33,8 +35,10 @@ __all__ = [
     "Problem",
     "PruneResult",
     "Report",
+    "SealOptions",
     "SignatureError",
     "VerifiedFile",
+    "VerifyOptions",
     "copy",
     "download",
     "find_checkpoints",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .report import SIGNATURE_FILENAME, Problem, Report
+from .report import SIGNATURE_FILENAME, Problem, Report, shortened
 
 __all__ = [
     "CheckpointingException",
@@ -45,11 +45,9 @@ class IntegrityError(Exception):
     def _describe(self) -> str:
         problems = self.report.problems
         where = f" at {self.location}" if self.location else ""
-        lines = [str(p) for p in problems[:_MAX_NAMED]]
-        if len(problems) > _MAX_NAMED:
-            lines.append(f"... and {len(problems) - _MAX_NAMED} more")
         noun = "problem" if len(problems) == 1 else "problems"
-        return f"checkpoint{where} failed verification, {len(problems)} {noun}: " + "; ".join(lines)
+        named = shortened([str(p) for p in problems], _MAX_NAMED, sep="; ")
+        return f"checkpoint{where} failed verification, {len(problems)} {noun}: {named}"
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.report, self.location))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 __all__ = [
     "ALGORITHMS",
@@ -102,8 +102,8 @@ READ_SIZES: dict[str, int] = {
 #: every core hashes faster than one core copies): local reads of large files map the file instead.
 MAPPED_READS: frozenset[str] = frozenset({"blake3"})
 
-DEFAULT_ALGORITHM = "sha256"
-DEFAULT_GRANULARITY = "file"
+DEFAULT_ALGORITHM: Final = "sha256"
+DEFAULT_GRANULARITY: Final = "file"
 DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024
 
 

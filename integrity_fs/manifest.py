@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from types import MappingProxyType, ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import ManifestError
 from .hashing import (
@@ -31,6 +31,7 @@ __all__ = [
     "check_names",
     "json_parser",
     "parse_json",
+    "whole_number",
 ]
 
 MANIFEST_FILENAME = "_integrity_manifest.json"
@@ -335,12 +336,13 @@ def _no_constant(name: str) -> Any:
     raise ManifestError(f"JSON holds {name}, which JSON does not allow")
 
 
-def _is_int(value: object) -> bool:
+def whole_number(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an integer: JSON's ``true`` (a ``bool``) is not one, nor is ``1.0``."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _validate(m: Manifest) -> None:
-    if not _is_int(m.version):
+    if not whole_number(m.version):
         raise ManifestError(f"'version' must be an integer, not {m.version!r}")
     if m.version != VERSION:
         raise ManifestError(f"manifest version {m.version} is not supported (this reader knows {VERSION})")
@@ -366,7 +368,7 @@ def _validate(m: Manifest) -> None:
             raise ManifestError("'sizes' must name exactly the files of 'files'")
         if not (set(map(type, m.sizes.values())) <= {int} and min(m.sizes.values(), default=0) >= 0):
             for name, size in m.sizes.items():
-                if not _is_int(size) or size < 0:
+                if not whole_number(size) or size < 0:
                     raise ManifestError(f"size of {name!r} must be a non-negative integer, not {size!r}")
     if m.granularity == "chunk":
         _validate_chunks(m, check_digest)
@@ -392,7 +394,7 @@ def _all_hex(digests: Any, length: int) -> bool:
 
 
 def _validate_chunks(m: Manifest, check_digest: Any) -> None:
-    if not _is_int(m.chunk_size) or m.chunk_size is None or m.chunk_size <= 0:
+    if not whole_number(m.chunk_size) or m.chunk_size is None or m.chunk_size <= 0:
         raise ManifestError(f"chunk granularity needs a positive integer 'chunk_size', not {m.chunk_size!r}")
     if m.sizes is None or m.chunks is None:
         raise ManifestError("chunk granularity needs 'sizes' and 'chunks'")

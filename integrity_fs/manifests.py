@@ -11,15 +11,17 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TypeVar
-
-import fsspec
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from . import formats, signing, storage
 from .errors import ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
 from .options import VerifyOptions
 from .report import Problem, Report, printable
+from .storage import URL
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = [
     "InUse",
@@ -35,7 +37,6 @@ __all__ = [
 
 log = logging.getLogger("integrity_fs")
 T = TypeVar("T")
-URL = str | os.PathLike[str]
 
 
 def read_manifest(
@@ -66,10 +67,6 @@ def load_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
         return Manifest.from_json(raw)
     except ManifestError as exc:
         raise ManifestError(f"{storage.describe(fs, root)}/{MANIFEST_FILENAME}: {exc}") from exc
-
-
-def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> None:
-    storage.write_atomic(fs, storage.join(root, MANIFEST_FILENAME), manifest.to_json())
 
 
 def model_name(root: str) -> str:
@@ -145,7 +142,7 @@ class InUse(NamedTuple):
 
 def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOptions) -> InUse:
     """The manifest ``options`` name (the root's by default; a file in any format), its signature
-    checked with ``options.key`` (and ``options.expected_name``); the name of its file when that
+    checked with ``options.public_key`` (and ``options.expected_name``); the name of its file when that
     lies inside the root (never content), the format of the file read (``None``: none was), and
     whether the signature leaves empty files to the listing (see :class:`InUse`).
 
@@ -153,12 +150,12 @@ def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOpt
     """
     wanted, in_use, kind = options.manifest, None, None
     if wanted is None:
-        found = load_manifest(fs, root) if options.key is None else load_manifest_if_any(fs, root)
+        found = load_manifest(fs, root) if options.public_key is None else load_manifest_if_any(fs, root)
     elif isinstance(wanted, Manifest):
         found = wanted
     else:
         found, in_use, kind = read_manifest_file(fs, root, wanted, format=options.manifest_format)
-        if kind == "model_signing" and options.key is None:
+        if kind == "model_signing" and options.public_key is None:
             log.warning(
                 "%s is a model_signing bundle: its digests are used, its signature is NOT checked "
                 "(pass public_key= to check the root's %s)",
@@ -166,8 +163,8 @@ def manifest_in_use(fs: fsspec.AbstractFileSystem, root: str, options: VerifyOpt
                 signing.SIGNATURE_FILENAME,
             )
     covers = True
-    if options.key is not None:
-        found, covers = check_signature(fs, root, found, options.key, expected_name=options.expected_name)
+    if options.public_key is not None:
+        found, covers = check_signature(fs, root, found, options.public_key, expected_name=options.expected_name)
     assert found is not None
     return InUse(found, in_use, kind, not covers)
 

@@ -42,21 +42,22 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
-
-import fsspec
+from typing import TYPE_CHECKING, Any
 
 from . import manifests, signing, storage
 from .buffers import FILLABLE_BYTES, copy_out, unfilled_bytes
 from .errors import IntegrityError
 from .hashing import DEFAULT_CHUNK_SIZE, chunk_range
 from .manifest import Manifest
+from .options import VerifyOptions
 from .report import Problem, Report, printable
-from .verify import verify_options
+from .storage import URL
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = ["HELD_UNITS", "READ_AHEAD", "READ_THREADS", "WHOLE_FILE_LIMIT", "Entry", "VerifiedFile", "open"]
 
-URL = str | os.PathLike[str]
 
 #: A file of file granularity up to this size is read, hashed and held whole; a larger one is
 #: verified into a private spool and served from there. The same bound as a default chunk.
@@ -106,7 +107,7 @@ def open(
     """
     serving, root = storage.resolve(url, storage_options, fs, through_caches=True)
     store = storage.beneath_caches(serving)
-    options = verify_options(manifest=manifest, public_key=public_key)
+    options = VerifyOptions(manifest=manifest, public_key=public_key)
     in_use = manifests.manifest_in_use(store, root, options)
     found = in_use.manifest
     location = storage.describe(store, root)
@@ -537,13 +538,8 @@ def _hash_into(entry: Entry, start: int, buffer: memoryview, stop: threading.Eve
     the guarded reader."""
     with _as_content(entry):
         return storage.hash_range(
-            entry.fs,
-            entry.path,
+            storage.Span(entry.fs, entry.path, start, len(buffer), entry.size, entry.version),
             entry.manifest.algorithm,
-            start,
-            len(buffer),
-            file_size=entry.size,
-            version=entry.version,
             stop=stop,
             into=buffer,
         )
@@ -575,13 +571,8 @@ class _Spool:
         try:
             with _as_content(entry), _spooling(entry):
                 digest = storage.hash_range(
-                    entry.fs,
-                    entry.path,
+                    storage.Span(entry.fs, entry.path, 0, entry.size, entry.size, entry.version),
                     entry.manifest.algorithm,
-                    0,
-                    entry.size,
-                    file_size=entry.size,
-                    version=entry.version,
                     stop=stop,
                     extra=lambda: [_SpoolWriter(spool)],
                 )

@@ -20,18 +20,19 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .errors import ManifestError
-from .manifest import Manifest, canonical_json, parse_json
-from .options import Attested
+from .manifest import Manifest, canonical_json, parse_json, whole_number
 
 __all__ = [
+    "ATTESTED",
     "CHECKSUMS_FILENAME",
     "DIGEST_SIZES",
     "KINDS",
     "ROT_ONLY",
     "SECOND_PREIMAGE",
+    "Attested",
     "ObjectState",
     "Record",
     "Records",
@@ -53,6 +54,11 @@ ROT_ONLY = ("crc32c", "crc32", "crc64nvme")
 KINDS = SECOND_PREIMAGE + ROT_ONLY
 #: Raw length of each checksum, in bytes.
 DIGEST_SIZES = {"sha256": 32, "sha1": 20, "md5": 16, "crc32c": 4, "crc32": 4, "crc64nvme": 8}
+
+#: ``attested=``: ``True`` for checksums that need a second preimage to forge; ``"crc"``: CRCs too
+#: (rot, not a forger); ``False``: nothing attests.
+Attested = bool | Literal["crc"]
+ATTESTED: tuple[Attested, ...] = (True, False, "crc")
 
 _VALUE = re.compile(r"[0-9a-f]+(?:-[1-9][0-9]{0,4})?")
 
@@ -193,7 +199,7 @@ class Records:
         algorithm, granularity, chunk_size = data.get("algorithm"), data.get("granularity"), data.get("chunk_size")
         if not isinstance(algorithm, str) or not isinstance(granularity, str):
             raise ManifestError("store checksums without an 'algorithm' and a 'granularity'")
-        if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)):
+        if chunk_size is not None and not whole_number(chunk_size):
             raise ManifestError(f"store checksums 'chunk_size' {chunk_size!r} is not a whole number")
         files = data.get("files")
         if not isinstance(files, dict):
@@ -207,7 +213,7 @@ def _record(name: object, data: object) -> Record:
     digest, size, version, checksums = (data.get(k) for k in ("digest", "size", "version", "checksums"))
     if not isinstance(digest, str) or not isinstance(version, str):
         raise ManifestError(f"store checksums of {name!r}: no 'digest' or 'version'")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+    if not whole_number(size) or size < 0:
         raise ManifestError(f"store checksums of {name!r}: 'size' {size!r} is not a byte count")
     if not isinstance(checksums, dict) or not all(
         kind in KINDS and isinstance(value, str) and _VALUE.fullmatch(value) for kind, value in checksums.items()

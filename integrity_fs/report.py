@@ -5,7 +5,7 @@ Pure data with no I/O, imported by ``errors`` and ``core`` alike (so neither imp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -14,7 +14,9 @@ __all__ = [
     "Problem",
     "ProblemKind",
     "Report",
+    "every_file_differs",
     "printable",
+    "shortened",
 ]
 
 ProblemKind = Literal["mismatch", "missing", "size", "extra"]
@@ -30,6 +32,13 @@ def printable(name: str) -> str:
     if name.isprintable():
         return name
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in name)
+
+
+def shortened(items: Sequence[str], limit: int, *, sep: str = ", ") -> str:
+    """The first ``limit`` of ``items`` (each :func:`printable`) joined by ``sep``, then
+    `` and N more`` when there are more: many names in one line of a message."""
+    shown = sep.join(printable(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -98,3 +107,12 @@ class Report:
             "files_attested": self.files_attested,
             "attested_by": dict(self.attested_by),
         }
+
+
+def every_file_differs(report: Report) -> bool:
+    """Whether every file checked differs from its digest, and nothing else is wrong: checked
+    against a list read as ``sha256sum`` output, a ``b3sum`` list (the same layout, BLAKE3
+    digests) is then likelier than damage to every file."""
+    problems = report.problems
+    every = bool(problems) and len(problems) == report.files_checked
+    return every and all(p.kind == "mismatch" for p in problems)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .report import Problem, printable
+from .report import Problem, printable, shortened
 
 __all__ = [
     "DIGEST_SHOWN",
@@ -85,13 +85,12 @@ def describe_problem(problem: Problem) -> str:
 
 def name_problems(problems: Sequence[Problem], limit: int = 5) -> str:
     """``a.bin (mismatch), b.bin (missing) and 3 more``: short enough for one error line."""
-    named = ", ".join(f"{printable(p.path)} ({p.kind})" for p in problems[:limit])
-    return named + (f" and {len(problems) - limit} more" if len(problems) > limit else "")
+    return shortened([f"{p.path} ({p.kind})" for p in problems], limit)
 
 
 def extra_note(extra: Sequence[str], action: str, limit: int = 5) -> str:
     """``note: 1 file is not in the manifest and was not checked: x.bin`` (``action`` is past tense)."""
-    shown = ", ".join(map(printable, extra[:limit])) + (f" and {len(extra) - limit} more" if len(extra) > limit else "")
+    shown = shortened(extra, limit)
     if len(extra) == 1:
         return f"note: 1 file is not in the manifest and was {action}: {shown}"
     return f"note: {len(extra)} files are not in the manifest and were {action}: {shown}"

@@ -7,22 +7,36 @@ Internal.
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TypeVar
-
-import fsspec
-from fsspec.callbacks import Callback
+from typing import TYPE_CHECKING, TypeVar
 
 from . import storage
 from .hashing import Unit
 from .options import Work
+from .report import printable
 
-__all__ = ["REMOTE_WORKERS", "Grown", "UnitOutcome", "default_workers", "hash_units", "progress_fn", "run_parallel"]
+if TYPE_CHECKING:
+    import fsspec
+
+__all__ = [
+    "REMOTE_WORKERS",
+    "Grown",
+    "UnitOutcome",
+    "default_workers",
+    "hash_units",
+    "log_done",
+    "run_parallel",
+    "whole_files",
+]
+
+log = logging.getLogger("integrity_fs")
 
 T = TypeVar("T")
 #: Default workers, no progress.
@@ -85,7 +99,7 @@ def hash_units(
     unit), what makes the hashers their bytes also go to (``storage.Recording.extra``).
     """
     todo = sorted(units, key=_length, reverse=True)
-    progress = progress_fn(work.callback, sum(u.length for u in todo))
+    progress = storage.progress_fn(work.callback, sum(u.length for u in todo))
     stop = threading.Event()
     tasks = _tasks(todo) if storage.is_local(fs) else [[unit] for unit in todo]
     workers = min(work.max_workers or default_workers(fs), max(1, len(tasks)))
@@ -95,15 +109,11 @@ def hash_units(
 
     def one(unit: Unit, buffer: memoryview | None, report: storage.ProgressFn | None) -> UnitOutcome:
         try:
+            span = storage.Span(fs, prefix + unit.name, unit.offset, unit.length, unit.file_size, pins.get(unit.name))
             return storage.hash_range(
-                fs,
-                prefix + unit.name,
+                span,
                 algorithm,
-                unit.offset,
-                unit.length,
                 report,
-                file_size=unit.file_size,
-                version=pins.get(unit.name),
                 stop=stop,
                 buffer=buffer,
                 extra=others.get(unit.name) if unit.offset == 0 and unit.length == unit.file_size else None,
@@ -180,14 +190,14 @@ def run_parallel(
     return {item: future.result() for future, item in futures.items()}
 
 
-def progress_fn(callback: Callback | None, total: int) -> storage.ProgressFn:
-    """A thread-safe byte counter on ``callback`` (none: fsspec's no-op callback), after telling it the total."""
-    cb = Callback.as_callback(callback)
-    cb.set_size(total)
-    lock = threading.Lock()
+def whole_files(units: Iterable[Unit]) -> dict[str, int]:
+    """The files of ``units`` that one unit reads whole (file granularity, one-chunk files): their
+    bytes pass in order through one reader, so the store's own checksums can be computed too."""
+    return {u.name: u.length for u in units if u.offset == 0 and u.length == u.file_size}
 
-    def update(n: int) -> None:
-        with lock:
-            cb.relative_update(n)
 
-    return update
+def log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:
+    """An INFO line: what was done where, how much, how fast (since ``started``, a ``perf_counter``)."""
+    elapsed = time.perf_counter() - started
+    rate = nbytes / elapsed / 1e9 if elapsed > 0 else 0.0
+    log.info("%s %s: %d files, %d bytes in %.2f s (%.2f GB/s)", what, printable(where), files, nbytes, elapsed, rate)

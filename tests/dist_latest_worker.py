@@ -68,9 +68,9 @@ class HashedBytes:
         self._original = storage.hash_range
         counter = self
 
-        def counting(fs: Any, path: str, algorithm: str, offset: int, length: int, *args: Any, **kw: Any) -> str:
-            counter.total += length
-            return counter._original(fs, path, algorithm, offset, length, *args, **kw)
+        def counting(span: storage.Span, *args: Any, **kw: Any) -> str:
+            counter.total += span.length
+            return counter._original(span, *args, **kw)
 
         storage.hash_range = counting  # type: ignore[assignment]
 

@@ -26,9 +26,9 @@ hashed: list[tuple[str, int, int]] = []
 real = storage.hash_range
 
 
-def recording(fs: Any, path: str, algorithm: str, offset: int, length: int, *args: Any, **kwargs: Any) -> Any:
-    hashed.append((path, offset, length))
-    return real(fs, path, algorithm, offset, length, *args, **kwargs)
+def recording(span: storage.Span, *args: Any, **kwargs: Any) -> Any:
+    hashed.append((span.path, span.offset, span.length))
+    return real(span, *args, **kwargs)
 
 
 def run(argv: list[str], bad_arg_rank: int | None) -> int:

@@ -14,6 +14,7 @@ from fsspec.asyn import sync
 
 import integrity_fs
 from integrity_fs import storage
+from integrity_fs.options import Hashing
 
 CHUNK = 5 * 1024 * 1024  # S3's smallest part size
 
@@ -23,9 +24,7 @@ def _write(backend: Backend, name: str, data: bytes, *, granularity: str, chunk_
     writer = storage.SealingWriter(
         backend.fs,
         backend.path(name),
-        algorithm="sha256",
-        granularity=granularity,
-        chunk_size=chunk_size,
+        Hashing("sha256", granularity, chunk_size),
         size=len(data),
     )
     for i in range(0, len(data), 1 << 20):

@@ -563,10 +563,10 @@ def test_library_file_not_found_maps_to_exit_4_with_a_path_hint(
 ) -> None:
     """Once verify raises FileNotFoundError for a missing root, the CLI says so (exit 4, a path hint)."""
 
-    def missing(url: str, **kw: object) -> None:
-        raise FileNotFoundError(f"no checkpoint at {url}")
+    def missing(fs: object, root: str, *args: object) -> None:
+        raise FileNotFoundError(f"no checkpoint at {root}")
 
-    monkeypatch.setattr("integrity_fs.cli.launch.verify", missing)
+    monkeypatch.setattr("integrity_fs.cli.launch.check", missing)
     proc = cli("verify", str(tmp_path / "typo"))
     assert proc.returncode == 4 and "check the path" in stderr_pair(proc)[1]
     remote = cli("verify", "s3://bucket/typo")

@@ -39,6 +39,7 @@ import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, dcp, hashing, storage
 from integrity_fs.dcp import streams as dcp_streams
 from integrity_fs.dcp import writer as dcp_writer
+from integrity_fs.options import Hashing
 
 
 def _state() -> dict[str, Any]:
@@ -537,7 +538,7 @@ def test_s3_save_is_attested_without_reading_a_byte(
     state = {"big": torch.randn(3_000_000, generator=gen), "small": torch.arange(1000), "step": 3}  # 12 MB
     options = s3_backend.storage_options
     manifest = dcp.save(state, s3_backend.url, storage_options=options, granularity=granularity, chunk_size=chunk_size)
-    checksums = storage.store_checksums(s3_backend.fs, [s3_backend.path(name) for name in manifest.files])
+    checksums = storage.write.store_checksums(s3_backend.fs, [s3_backend.path(name) for name in manifest.files])
     kept = checksums[s3_backend.path("__0_0.distcp")]
     assert kept is not None and kept.digest == manifest.files["__0_0.distcp"]
     if granularity == "chunk":
@@ -574,9 +575,7 @@ def test_growing_sealing_writer_lays_out_what_it_can_and_streams_the_rest(
         monkeypatch.setattr(_s3, "MAX_PARTS", 2)  # as if 10,000
     data = random.Random(size).randbytes(size)
     path = s3_backend.path("f.bin")
-    writer = storage.SealingWriter(
-        s3_backend.fs, path, algorithm="sha256", granularity=granularity, chunk_size=chunk_size, growing=True
-    )
+    writer = storage.SealingWriter(s3_backend.fs, path, Hashing("sha256", granularity, chunk_size), growing=True)
     for start in range(0, size, 1 << 20):
         writer.write(data[start : start + (1 << 20)])
     digests = writer.close()
@@ -584,7 +583,7 @@ def test_growing_sealing_writer_lays_out_what_it_can_and_streams_the_rest(
     assert s3_backend.read("f.bin") == data
     units = [data[i : i + chunk_size] for i in range(0, size, chunk_size)] if chunk_size else [data]
     assert digests == tuple(hashlib.sha256(u).hexdigest() for u in units)
-    kept = storage.store_checksums(s3_backend.fs, [path])[path]
+    kept = storage.write.store_checksums(s3_backend.fs, [path])[path]
     whole = digests[0] if len(digests) == 1 else hashlib.sha256(b"".join(bytes.fromhex(d) for d in digests)).hexdigest()
     if case in ("one PUT", "parts"):
         assert kept is not None and kept.digest == whole  # attestable

@@ -35,7 +35,7 @@ from integrity_fs import (
 )
 from integrity_fs.distributed import Failure, shard_units
 from integrity_fs.hashing import Unit
-from integrity_fs.verify import plan_verification
+from integrity_fs.verification import plan_verification
 
 MODES = ("sharded", "rank0")
 CHUNK = 256 * 1024

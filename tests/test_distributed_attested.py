@@ -18,6 +18,7 @@ from dist_launch import run_ranks
 
 import integrity_fs as ifs
 from integrity_fs import storage
+from integrity_fs.options import Hashing
 
 CHUNK = 5 * 1024 * 1024  # S3's smallest part size
 FILES = {
@@ -49,9 +50,7 @@ class ServerLog(logging.Handler):
 def _write_sealed(fs: fsspec.AbstractFileSystem, root: str, options: dict[str, Any]) -> None:
     """Upload the files as integrity_fs does (S3 checksums from our digests, parts of CHUNK), then seal."""
     for name, data in FILES.items():
-        writer = storage.SealingWriter(
-            fs, f"{root}/{name}", algorithm="sha256", granularity="chunk", chunk_size=CHUNK, size=len(data)
-        )
+        writer = storage.SealingWriter(fs, f"{root}/{name}", Hashing("sha256", "chunk", CHUNK), size=len(data))
         writer.write(data)
         writer.close()
     fs.invalidate_cache()

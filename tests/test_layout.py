@@ -2,23 +2,36 @@
 
 - the command line sits on top: no library module imports ``integrity_fs.cli``;
 - no module imports itself back through others (no cycle);
-- pure modules (the manifest, hashing, reports, errors, options, formats, signing) never import
-  fsspec, and only ``storage`` imports fsspec's backends or the stores' own packages;
+- ``storage`` is the only door to fsspec: no module outside it imports fsspec at run time (an
+  import under ``if TYPE_CHECKING:`` is for annotations only), calls ``fsspec.<anything>(...)``,
+  or calls a file system's own method (``fs.rm(...)``: a method of fsspec's
+  ``AbstractFileSystem`` on ``fs``, ``self.fs``, ``dst_fs``, ...); only ``storage`` imports
+  fsspec's backends or the stores' own packages (and the demo, the S3 server it runs);
+- ``storage`` exports what the modules outside it use, no more: each name of its ``__all__`` is
+  used as ``storage.NAME`` or imported from ``storage`` by one of them (or taken through the
+  package by a storage module, ``from . import NAME``, so that tests can replace it);
+- a verb (``verify``, ``seal``, ``read``, ``transfer``, ``checkpoints``, ``retention``) never imports
+  another verb: what two verbs share lives in a lower module (``verification``, ``sealing``,
+  ``runs``, ``work``, ``options``, ...);
 - every module says what it exports (``__all__``), and none imports another's underscored names.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pytest
 
 import integrity_fs
 
 PACKAGE = Path(integrity_fs.__file__).parent
-#: Modules without I/O: they may not import fsspec at all.
-PURE = {"manifest", "hashing", "report", "errors", "text", "options", "formats", "signing", "recorded"}
+#: The modules (and packages) of the verbs SPEC names, single-process: none imports another.
+VERBS = {"verify", "seal", "read", "transfer", "checkpoints", "retention"}
+#: What a file system call looks like: a public method of fsspec's file systems.
+FS_METHODS = {name for name in dir(fsspec.AbstractFileSystem) if not name.startswith("_")}
 #: What only ``storage`` may import: fsspec's backends and the stores' own client packages.
 #: The demo runs an S3 server of its own and talks to it: the one edge module that may.
 EDGE_BACKENDS = {"cli.demo"}
@@ -120,19 +133,120 @@ def _outside_imports(name: str, path: Path) -> list[str]:
     return [module for module, _ in names if not module.startswith("integrity_fs")]
 
 
-def test_pure_modules_never_import_fsspec_and_only_storage_imports_backends() -> None:
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` except those under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def _names_a_file_system(node: ast.expr) -> bool:
+    """``fs``, ``dst_fs``, ``fs_``, ``self.fs``, ``src.fs``: a name or attribute that holds one."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "fs" or name.endswith("_fs") or name == "fs_"
+
+
+def _root_name(node: ast.expr) -> str:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def fsspec_uses(source: str) -> list[str]:
+    """The run-time fsspec imports and the fsspec calls of a module's ``source``, with their lines."""
+    found = []
+    for node in _runtime_nodes(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            modules = [node.module or ""]
+        else:
+            modules = []
+        if any(m == "fsspec" or m.startswith("fsspec.") for m in modules):
+            found.append(f"line {node.lineno}: import {', '.join(modules)}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, receiver = node.func.attr, node.func.value
+            if _root_name(receiver) == "fsspec" or (method in FS_METHODS and _names_a_file_system(receiver)):
+                found.append(f"line {node.lineno}: {ast.unparse(node.func)}()")
+    return found
+
+
+def test_storage_is_the_only_door_to_fsspec() -> None:
     bad = {}
     for name, path in modules().items():
-        imported = _outside_imports(name, path)
-        if name.split(".")[0] in PURE:
-            wrong = [m for m in imported if m == "fsspec" or m.startswith("fsspec.")]
-        elif name.split(".")[0] != "storage" and name not in EDGE_BACKENDS:
-            wrong = [m for m in imported if m.startswith(BACKENDS)]
-        else:
-            wrong = []
-        if wrong:
-            bad[name] = sorted(set(wrong))
+        if name.split(".")[0] == "storage":
+            continue
+        uses = fsspec_uses(path.read_text(encoding="utf-8"))
+        if name not in EDGE_BACKENDS:
+            uses += [f"import {m}" for m in _outside_imports(name, path) if m.startswith(BACKENDS)]
+        if uses:
+            bad[name] = uses
     assert bad == {}
+
+
+def test_storage_exports_what_the_modules_outside_it_use() -> None:
+    from integrity_fs import storage
+
+    used: set[str] = set()
+    for name, path in modules().items():
+        inside = name.split(".")[0] == "storage"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if inside:  # a storage module taking a name through the package (where tests can replace it)
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+                    used.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "storage":
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "storage":
+                used.update(alias.name for alias in node.names)
+    assert sorted(set(storage.__all__) - used) == []
+
+
+def test_no_verb_imports_another_verb() -> None:
+    bad = {
+        name: sorted(m for m in imported if m.split(".")[0] in VERBS - {name.split(".")[0]})
+        for name, imported in graph().items()
+        if name.split(".")[0] in VERBS
+    }
+    assert {name: verbs for name, verbs in bad.items() if verbs} == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import fsspec\n", ["line 1: import fsspec"]),
+        ("from fsspec.callbacks import Callback\n", ["line 1: import fsspec.callbacks"]),
+        ("def f():\n    import fsspec.asyn\n", ["line 2: import fsspec.asyn"]),
+        ("fs = storage.fs()\nfsspec.filesystem('file')\n", ["line 2: fsspec.filesystem()"]),
+        ("def f(fs):\n    fs.rm('x')\n", ["line 2: fs.rm()"]),
+        ("def f(self):\n    self.fs.copy('a', 'b')\n", ["line 2: self.fs.copy()"]),
+        ("def f(dst_fs):\n    dst_fs.pipe_file('a', b'')\n", ["line 2: dst_fs.pipe_file()"]),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import fsspec\n", []),
+        ("def f(fs):\n    storage.remove_file(fs, 'x')\n    self.fs.create_stream('a', 'rb')\n", []),
+    ],
+)
+def test_the_door_check_sees_fsspec_imports_and_calls(source: str, expected: list[str]) -> None:
+    """The check above can fail: an import at run time, a call of fsspec or of a file system is seen."""
+    assert fsspec_uses(source) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from .verify import verify\n", {"verify"}),
+        ("from . import read\n", {"read"}),
+        ("from .transfer.streaming import stream\n", {"transfer.streaming"}),
+        ("from .verification import check\nfrom .sealing import seal_at\n", set()),
+    ],
+)
+def test_the_verb_check_sees_a_verb_imported(tmp_path: Path, source: str, expected: set[str]) -> None:
+    """The check above can fail: ``seal`` importing another verb, any way, is seen."""
+    scratch = tmp_path / "probe.py"
+    scratch.write_text(source, encoding="utf-8")
+    found, _names = imports_of("seal", scratch, set(modules()))
+    assert {m for m in found if m.split(".")[0] in VERBS} == expected
 
 
 def test_every_module_has_all_and_none_imports_another_modules_underscored_names() -> None:

@@ -20,7 +20,7 @@ from read_counting import LocalReads
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestError, ManifestNotFoundError
 from integrity_fs.cli import main as cli_main
-from integrity_fs.seal import MAX_CHUNKS_PER_FILE
+from integrity_fs.sealing import MAX_CHUNKS_PER_FILE
 
 # --- what seal writes --------------------------------------------------------------------------------
 
@@ -195,13 +195,14 @@ def test_seal_refuses_a_file_that_is_also_a_folder_before_reading_anything(s3_ba
     hashed: list[str] = []
     real = ifs.storage.hash_range
     monkeypatch.setattr(
-        ifs.storage, "hash_range", lambda fs, path, *a, **k: hashed.append(path) or real(fs, path, *a, **k)
+        ifs.storage, "hash_range", lambda span, *a, **k: hashed.append(span.path) or real(span, *a, **k)
     )
     options = s3_backend.storage_options
     with pytest.raises(ValueError, match=r"'sub' is a file and also a folder holding 'sub/x.bin'"):
         ifs.seal(s3_backend.url, storage_options=options)
     assert hashed == [] and MANIFEST_FILENAME not in s3_backend.listdir()
-    assert ifs.storage.file_folder_clashes(["sub", "sub/x.bin", "sub/y/z", "a", "ab/c"]) == [("sub", "sub/x.bin")]
+    clashes = ifs.storage.listing.file_folder_clashes(["sub", "sub/x.bin", "sub/y/z", "a", "ab/c"])
+    assert clashes == [("sub", "sub/x.bin")]
 
 
 def test_a_chunk_size_that_would_cut_a_file_into_millions_of_chunks_is_refused_before_any_read(tmp_path):

@@ -98,16 +98,16 @@ def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c, hashi
     started_files: list[str] = []
     original, lock = storage.hash_range, threading.Lock()
 
-    def held(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
+    def held(span: storage.Span, *args: Any, **kwargs: Any) -> str:
         with lock:
-            started_files.append(path)
+            started_files.append(span.path)
             count = len(started_files)
         if count == 20:  # a real Ctrl-C once 20 of the 400 files have started and verify waits for them
             assert hashing.waiting.wait(10)
             ctrl_c_until(kwargs["stop"])
         if count >= 20:  # no file goes on before the stop is set: nothing outruns it
             kwargs["stop"].wait(10)
-        return original(fs, path, *args, **kwargs)
+        return original(span, *args, **kwargs)
 
     monkeypatch.setattr(storage, "hash_range", held)
     with pytest.raises(KeyboardInterrupt):
@@ -127,15 +127,15 @@ def test_the_first_failure_stops_the_other_batches(tmp_path, monkeypatch):
 
     failed = threading.Event()
 
-    def failing(fs: Any, path: str, *args: Any, **kwargs: Any) -> str:
-        calls.append(path)
-        if path.endswith("f001.bin"):
+    def failing(span: storage.Span, *args: Any, **kwargs: Any) -> str:
+        calls.append(span.path)
+        if span.path.endswith("f001.bin"):
             failed.set()
-            raise PermissionError(13, "denied (injected)", path)
+            raise PermissionError(13, "denied (injected)", span.path)
         if failed.is_set():  # no file goes on before the stop is set: nothing outruns it
             kwargs["stop"].wait(10)
         time.sleep(0.01)
-        return original(fs, path, *args, **kwargs)
+        return original(span, *args, **kwargs)
 
     monkeypatch.setattr(storage, "hash_range", failing)
     with pytest.raises(PermissionError, match="injected"):

@@ -802,14 +802,14 @@ def test_two_reads_of_one_file_on_the_memory_file_system_each_get_their_own_byte
     """fsspec's memory file system hands every opener the one ``BytesIO`` it stores (and rewinds
     it): two pinned reads of one file, interleaved as the read-ahead threads of a verified read
     interleave them, must still each read their own range."""
-    from integrity_fs import storage
+    from integrity_fs.storage import read
 
     fs = MemoryFileSystem(skip_instance_cache=True)
     path = f"/shared-{uuid.uuid4().hex}/w.bin"
     data = bytes(range(256)) * 1024
     fs.pipe_file(path, data)
-    first = storage.open_range(fs, path, 0, 4096, file_size=len(data))
-    second = storage.open_range(fs, path, 100_000, 4096, file_size=len(data))
+    first = read.open_range(fs, path, 0, 4096, file_size=len(data))
+    second = read.open_range(fs, path, 100_000, 4096, file_size=len(data))
     try:
         got_first, got_second = bytearray(4096), bytearray(4096)
         assert first.readinto(memoryview(got_first)) == 4096

@@ -9,11 +9,12 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .. import formats, signing
 from ..hashing import ALGORITHMS, DEFAULT_ALGORITHM, GRANULARITIES
 from ..manifest import MANIFEST_FILENAME
+from ..options import Granularity
 from ..text import parse_size
 from .errors import KeyFileError, UsageError
 
@@ -117,8 +118,8 @@ def options_of(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     return build_storage_options(pairs)
 
 
-def granularity_of(args: argparse.Namespace) -> str:
-    return str(args.granularity or ("chunk" if args.chunk_size else "file"))
+def granularity_of(args: argparse.Namespace) -> Granularity:
+    return cast(Granularity, args.granularity or ("chunk" if args.chunk_size else "file"))
 
 
 def private_key_of(path: str | None) -> Any:
@@ -205,6 +206,19 @@ def add_force(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument("--force", action="store_true", help=f"replace a manifest already at {where}")
 
 
+def add_attested(parser: argparse._ActionsContainer, more: str) -> None:
+    """``--attested`` (``--attested crc``: CRCs too); ``more`` ends its help."""
+    parser.add_argument(
+        "--attested",
+        nargs="?",
+        const=True,
+        default=False,
+        type=attested_value,
+        metavar="crc",
+        help=f"S3, GCS: confirm files unread whose store-kept checksum vouches for them{more}",
+    )
+
+
 def add_mode(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
@@ -273,16 +287,10 @@ def verify_arguments(parser: argparse.ArgumentParser) -> None:
     url_argument()(parser)
     parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
     parser.add_argument("--strict", action="store_true", help="files not in the manifest are problems too")
-    parser.add_argument(
-        "--attested",
-        nargs="?",
-        const=True,
-        default=False,
-        type=attested_value,
-        metavar="crc",
-        help="S3, GCS: confirm files unread whose store-kept checksum vouches for them: S3's SHA-256 "
-        "equal to the manifest's, or the MD5/SHA-1 recorded when integrity-fs last read or wrote "
-        "them (trusts the store's own hashing); the rest are hashed. '--attested crc': CRCs too "
+    add_attested(
+        parser,
+        ": S3's SHA-256 equal to the manifest's, or the MD5/SHA-1 recorded when integrity-fs last read or "
+        "wrote them (trusts the store's own hashing); the rest are hashed. '--attested crc': CRCs too "
         "(accidental change only, not a forger)",
     )
     parser.add_argument(
@@ -314,20 +322,35 @@ def root_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def status_arguments(parser: argparse.ArgumentParser) -> None:
-    root_argument(parser)
-    parser.add_argument("--full", action="store_true", help="hash every file (default: names and sizes only)")
-    parser.add_argument("--strict", action="store_true", help="files not in a manifest make it damaged")
-    add_public_key(parser, "a sealed checkpoint without such a signature, or signed as another, is damaged")
-    add_json(parser, "a list of checkpoints")
-    add_mode(parser)
+    judged_arguments(
+        parser,
+        ("--full", "hash every file (default: names and sizes only)"),
+        strict="files not in a manifest make it damaged",
+        key="a sealed checkpoint without such a signature, or signed as another, is damaged",
+        json_of="a list of checkpoints",
+    )
 
 
 def latest_arguments(parser: argparse.ArgumentParser) -> None:
+    judged_arguments(
+        parser,
+        ("--quick", "compare names and sizes only; read no content"),
+        strict="skip checkpoints with files not in their manifest",
+        key="checkpoints without such a signature, or signed as another, are skipped",
+        json_of="the URL and the checkpoints skipped, with why",
+    )
+
+
+def judged_arguments(
+    parser: argparse.ArgumentParser, depth: tuple[str, str], *, strict: str, key: str, json_of: str
+) -> None:
+    """A run's root and how its checkpoints are judged (``status``, ``latest``): ``depth``, the flag
+    that says how much is read, and its help; the other helps say what each check makes of one."""
     root_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="compare names and sizes only; read no content")
-    parser.add_argument("--strict", action="store_true", help="skip checkpoints with files not in their manifest")
-    add_public_key(parser, "checkpoints without such a signature, or signed as another, are skipped")
-    add_json(parser, "the URL and the checkpoints skipped, with why")
+    parser.add_argument(depth[0], action="store_true", help=depth[1])
+    parser.add_argument("--strict", action="store_true", help=strict)
+    add_public_key(parser, key)
+    add_json(parser, json_of)
     add_mode(parser)
 
 
@@ -348,16 +371,7 @@ def prune_arguments(parser: argparse.ArgumentParser) -> None:
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--quick", action="store_true", help="judge by names and sizes only; read no content")
-    how.add_argument(
-        "--attested",
-        nargs="?",
-        const=True,
-        default=False,
-        type=attested_value,
-        metavar="crc",
-        help="S3, GCS: confirm files unread whose store-kept checksum vouches for them (as verify --attested); "
-        "the rest are hashed",
-    )
+    add_attested(how, " (as verify --attested); the rest are hashed")
     parser.add_argument(
         "--match",
         type=regex,

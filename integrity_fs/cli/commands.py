@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from .. import __version__, checkpoints, formats, signing, storage, transfer
 from ..manifest import MANIFEST_FILENAME
 from ..manifests import read_manifest, read_manifest_file
+from ..options import SealOptions, VerifyOptions
 from ..seal import sign
 from ..text import format_work
 from . import demo, launch
@@ -45,6 +46,7 @@ from .args import (
 )
 from .errors import EXIT_INTEGRITY, EXIT_OK, EXIT_STORAGE, PROG, NoneVerifiedError, UsageError, report_error
 from .output import (
+    Run,
     cli_logging,
     failure,
     print_latest,
@@ -75,21 +77,24 @@ class _Parser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- commands
 
 
+def launched(args: argparse.Namespace, run: Run, verb: str, url: str, options: object, storage: dict[str, Any]) -> Any:
+    """``verb`` of ``args.launch`` (the library's pipeline, or its collective under a launcher)
+    on ``url`` with ``options``, the storage options, the workers and the progress bar."""
+    call = getattr(args.launch, verb)
+    return call(url, mode=args.mode, options=options, storage_options=storage, **run.work)
+
+
 def cmd_seal(args: argparse.Namespace) -> int:
     options, key = args.launch.agreed(lambda: (options_of(args), private_key_of(args.sign_key)))
     with running(args, "seal") as run:
-        manifest = args.launch.seal(
-            args.url,
-            mode=args.mode,
+        sealing = SealOptions(
             algorithm=args.algorithm,
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
-            storage_options=options,
-            max_workers=args.workers,
-            callback=run.callback,
             overwrite=args.force,
             private_key=key,
         )
+        manifest = launched(args, run, "seal", args.url, sealing, options)
     print_written(f"sealed {args.url}", manifest, run.elapsed(), key_path=args.sign_key)
     return EXIT_OK
 
@@ -97,9 +102,7 @@ def cmd_seal(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     key = private_key_of(args.key)
     with running(args, "sign", failure(args.url, "; not signed")) as run:
-        manifest = sign(
-            args.url, private_key=key, storage_options=options_of(args), max_workers=args.workers, callback=run.callback
-        )
+        manifest = sign(args.url, private_key=key, storage_options=options_of(args), **run.work)
     print(f"verified {args.url}: {format_work(len(manifest.files), manifest.total_bytes or 0, run.elapsed())}")
     signed_note(args.key)
     return EXIT_OK
@@ -108,12 +111,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     options, key = args.launch.agreed(lambda: (options_of(args), public_key_of(args.public_key)))
     with running(args, "verify", lambda err, elapsed: print_verify_report(args, err.report, elapsed, err)) as run:
-        report = args.launch.verify(
-            args.url,
-            mode=args.mode,
-            storage_options=options,
-            max_workers=args.workers,
-            callback=run.callback,
+        checks = VerifyOptions(
             strict=args.strict,
             quick=args.quick,
             attested=args.attested,
@@ -121,6 +119,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             manifest_format=args.manifest_format,
             public_key=key,
         )
+        report = launched(args, run, "verify", args.url, checks, options)
     print_verify_report(args, report, run.elapsed(), unchecked_bundle=key is None and manifest_is_a_bundle(args))
     return EXIT_OK
 
@@ -145,16 +144,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     options = args.launch.agreed(lambda: options_of(args))
     with running(args, "status", bar=args.full) as run:  # only hashing takes long
-        found = args.launch.status(
-            args.root,
-            mode=args.mode,
-            full=args.full,
-            strict=args.strict,
-            storage_options=options,
-            max_workers=args.workers,
-            callback=run.callback,
-            public_key=public_key_of(args.public_key),
-        )
+        checks = VerifyOptions(strict=args.strict, quick=not args.full, public_key=public_key_of(args.public_key))
+        found = launched(args, run, "status", args.root, checks, options)
     print_status(args.root, found, as_json=args.json, full=args.full)
     if not any(checkpoint.sealed for checkpoint in found) and (note := root_is_a_checkpoint(args)):
         print(f"{PROG}: note: {note}", file=sys.stderr)
@@ -172,16 +163,8 @@ def cmd_latest(args: argparse.Namespace) -> int:
     options, key = args.launch.agreed(prepare)
     # A bar unless --quick: only hashing takes long.
     with running(args, "latest", bar=not args.quick) as run, skipped_checkpoints() as skipped:
-        found = args.launch.latest_verified(
-            args.root,
-            mode=args.mode,
-            quick=args.quick,
-            strict=args.strict,
-            storage_options=options,
-            max_workers=args.workers,
-            public_key=key,
-            callback=run.callback,
-        )
+        checks = VerifyOptions(quick=args.quick, strict=args.strict, public_key=key)
+        found = launched(args, run, "latest_verified", args.root, checks, options)
     if found is None:
         error = none_verified(args)
         if args.json:
@@ -209,8 +192,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             keep=args.keep,
             match=args.match,
             storage_options=options,
-            max_workers=args.workers,
-            callback=run.callback,
+            **run.work,
         )
     print_prune(args.root, result, keep_last=args.keep_last, as_json=args.json)
     return EXIT_OK
@@ -254,12 +236,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     with running(args, "download", failure(args.url, f"; nothing was written to {args.dest}")) as run:
         report = transfer.download(
-            args.url,
-            args.dest,
-            storage_options=options_of(args),
-            max_workers=args.workers,
-            callback=run.callback,
-            strict=args.strict,
+            args.url, args.dest, storage_options=options_of(args), strict=args.strict, **run.work
         )
     head = f"downloaded and verified {args.url} -> {args.dest}"
     print_transferred(head, report, run.elapsed(), not_done="not downloaded")
@@ -274,8 +251,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
             storage_options=options_of(args),
             granularity=granularity_of(args),
             chunk_size=args.chunk_size,
-            max_workers=args.workers,
-            callback=run.callback,
+            **run.work,
             overwrite=args.force,
             algorithm=args.algorithm,
             private_key=private_key_of(args.sign_key),
@@ -292,8 +268,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             args.dst,
             src_options=options_of(args, "src_options"),
             dst_options=options_of(args, "dst_options"),
-            max_workers=args.workers,
-            callback=run.callback,
+            **run.work,
             overwrite=args.force,
         )
     print_transferred(f"copied and verified {args.src} -> {args.dst}", report, run.elapsed(), not_done="not copied")

@@ -15,10 +15,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import IO, Any
 
-from fsspec.callbacks import DEFAULT_CALLBACK, Callback
-
 from .. import storage
 from ..errors import IntegrityError
+from ..storage import DEFAULT_CALLBACK, Callback
 from ..text import describe_problem, format_work
 from ..transfer import download, upload
 from ..verify import verify

@@ -14,7 +14,7 @@ import traceback
 from .. import __version__
 from ..errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from ..hashing import ALGORITHMS, GRANULARITIES
-from ..report import printable
+from ..report import every_file_differs, printable
 from ..text import name_problems
 from .output import print_json
 
@@ -225,13 +225,11 @@ def describe_error(error: BaseException, args: argparse.Namespace | None = None)
 
 
 def _maybe_b3sum(error: IntegrityError, args: argparse.Namespace) -> bool:
-    """Whether every file differs from a ``--manifest`` list read by detection: ``b3sum`` writes
-    lists that look like ``sha256sum``'s, so that is likelier than damage to every file."""
+    """Whether every file differs from a ``--manifest`` list read by detection (see
+    :func:`~integrity_fs.report.every_file_differs`)."""
     if getattr(args, "manifest", None) is None or getattr(args, "manifest_format", "auto") != "auto":
         return False
-    problems = error.report.problems
-    every = len(problems) == error.report.files_checked
-    return bool(problems) and every and all(p.kind == "mismatch" for p in problems)
+    return every_file_differs(error.report)
 
 
 def report_error(error: BaseException, args: argparse.Namespace | None, *, as_json: bool, debug: bool) -> int:

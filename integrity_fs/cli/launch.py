@@ -25,12 +25,13 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .. import checkpoints, distributed
+from .. import checkpoints, distributed, retention, storage
 from ..collectives import Group, all_gather, group_of, torch_distributed
 from ..manifest import Manifest
+from ..options import SealOptions, VerifyOptions, Work
 from ..report import Report
-from ..seal import seal
-from ..verify import verify
+from ..sealing import seal_at
+from ..verification import check
 from .errors import AgreedError, UsageError, describe_error, exit_code_for
 
 __all__ = ["COLLECTIVE", "Collective", "Local", "Runner", "collective_command", "launched", "run"]
@@ -56,30 +57,32 @@ def collective_command(argv: Sequence[str], commands: Sequence[str]) -> str | No
 
 
 class Local:
-    """The library's own functions: what a command calls outside a launcher."""
+    """The library's own pipelines: what a command calls outside a launcher. ``options`` is what
+    the command checks or writes; ``storage_options``, ``max_workers`` and ``callback`` the rest."""
 
     def agreed(self, step: Callable[[], T]) -> T:
         """``step()``: with one process there is nothing to agree on."""
         return step()
 
-    def seal(self, url: str, *, mode: str, **kw: Any) -> Manifest:
-        return seal(url, **kw)
+    def seal(self, url: str, *, mode: str, options: SealOptions, **where: Any) -> Manifest:
+        return seal_at(*_place(url, where), options, _work(where))
 
-    def verify(self, url: str, *, mode: str, **kw: Any) -> Report:
-        return verify(url, **kw)
+    def verify(self, url: str, *, mode: str, options: VerifyOptions, **where: Any) -> Report:
+        return check(*_place(url, where), options, _work(where))
 
-    def latest_verified(self, root: str, *, mode: str, **kw: Any) -> tuple[str, Report] | None:
-        return checkpoints.latest_verified(root, **kw)
+    def latest_verified(self, root: str, *, mode: str, options: VerifyOptions, **where: Any) -> Latest:
+        return checkpoints.newest_verified(*_place(root, where), options, _work(where))
 
-    def status(self, root: str, *, mode: str, **kw: Any) -> list[checkpoints.CheckpointStatus]:
-        return checkpoints.status(root, **kw)
+    def status(self, root: str, *, mode: str, options: VerifyOptions, **where: Any) -> Statuses:
+        return checkpoints.status_at(*_place(root, where), options, _work(where))
 
-    def prune(self, root: str, *, mode: str, **kw: Any) -> checkpoints.PruneResult:
-        return checkpoints.prune(root, **kw)
+    def prune(self, root: str, *, mode: str, **kw: Any) -> retention.PruneResult:
+        return retention.prune(root, **kw)
 
 
 class Collective(Local):
-    """The ``distributed`` functions over ``group``: what a command calls under a launcher."""
+    """The ``distributed`` functions over ``group``: what a command calls under a launcher (with
+    no progress bar: ranks other than 0 print nothing, and rank 0 shares the work)."""
 
     def __init__(self, group: Group, args: argparse.Namespace) -> None:
         self.group = group
@@ -97,28 +100,40 @@ class Collective(Local):
             raise AgreedError(*first)
         return value  # type: ignore[return-value]  # None only when step() failed, and then we raised
 
-    def seal(self, url: str, *, mode: str, **kw: Any) -> Manifest:
-        kw.pop("callback", None)  # no bar: ranks other than 0 print nothing, and rank 0 shares the work
-        return distributed.seal(url, mode=mode, **kw)  # type: ignore[arg-type]  # checked by the collective
+    def seal(self, url: str, *, mode: str, options: SealOptions, **where: Any) -> Manifest:
+        return distributed.seal(url, mode=mode, options=options, **_no_bar(where))  # type: ignore[arg-type]
 
-    def verify(self, url: str, *, mode: str, **kw: Any) -> Report:
-        kw.pop("callback", None)
-        return distributed.verify(url, mode=mode, **kw)  # type: ignore[arg-type]
+    def verify(self, url: str, *, mode: str, options: VerifyOptions, **where: Any) -> Report:
+        return distributed.verify(url, mode=mode, options=options, **_no_bar(where))  # type: ignore[arg-type]
 
-    def latest_verified(self, root: str, *, mode: str, **kw: Any) -> tuple[str, Report] | None:
-        kw.pop("callback", None)
-        return distributed.latest_verified(root, mode=mode, **kw)  # type: ignore[arg-type]
+    def latest_verified(self, root: str, *, mode: str, options: VerifyOptions, **where: Any) -> Latest:
+        return distributed.latest_verified(root, mode=mode, options=options, **_no_bar(where))  # type: ignore[arg-type]
 
-    def status(self, root: str, *, mode: str, **kw: Any) -> list[checkpoints.CheckpointStatus]:
+    def status(self, root: str, *, mode: str, options: VerifyOptions, **where: Any) -> Statuses:
         """The collective status: each checkpoint judged by every rank (the hashing shared), rank
         0's list (or its exception) every rank's."""
-        kw.pop("callback", None)
-        return distributed.status(root, mode=mode, **kw)  # type: ignore[arg-type]
+        full = not options.quick
+        return distributed.status(root, mode=mode, full=full, options=options, **_no_bar(where))  # type: ignore[arg-type]
 
-    def prune(self, root: str, *, mode: str, **kw: Any) -> checkpoints.PruneResult:
+    def prune(self, root: str, *, mode: str, **kw: Any) -> retention.PruneResult:
         """The collective prune: verdicts agreed (the hashing shared), rank 0 deletes."""
-        kw.pop("callback", None)
-        return distributed.prune(root, mode=mode, **kw)  # type: ignore[arg-type]
+        return distributed.prune(root, mode=mode, **_no_bar(kw))  # type: ignore[arg-type]
+
+
+Latest = tuple[str, Report] | None
+Statuses = list[checkpoints.CheckpointStatus]
+
+
+def _place(url: str, where: Mapping[str, Any]) -> tuple[Any, str]:
+    return storage.resolve(url, where.get("storage_options"))
+
+
+def _work(where: Mapping[str, Any]) -> Work:
+    return Work(where.get("max_workers"), where.get("callback"))
+
+
+def _no_bar(where: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in where.items() if key != "callback"}
 
 
 def _first_problem(gathered: Sequence[tuple[int, str, str] | None]) -> tuple[int, str, str] | None:

@@ -17,13 +17,14 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from fsspec.callbacks import DEFAULT_CALLBACK, Callback
-
-from ..checkpoints import BAD_SIGNATURE, SKIPPED, CheckpointStatus, PruneResult
+from ..checkpoints import BAD_SIGNATURE, CheckpointStatus
 from ..errors import IntegrityError, SignatureError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..report import Report, printable
+from ..retention import PruneResult
+from ..runs import SKIPPED
 from ..signing import SIGNATURE_FILENAME
+from ..storage import DEFAULT_CALLBACK, Callback
 from ..text import describe_problem, extra_note, format_bytes, format_work, name_problems, short_digest
 
 __all__ = [
@@ -97,7 +98,8 @@ def progress_bar(enabled: bool, desc: str) -> Iterator[Callback]:
 def _tqdm_callback(desc: str) -> Callback | None:
     try:
         import tqdm  # imported first: a TqdmCallback half-built without it complains at exit
-        from fsspec.callbacks import TqdmCallback
+
+        from ..storage import TqdmCallback
     except ImportError:
         return None
 
@@ -145,9 +147,15 @@ def progress(
 class Run:
     """One command's library call: the progress callback to pass it, and the time it has taken."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int | None = None) -> None:
         self.started = time.perf_counter()
         self.callback: Callback = DEFAULT_CALLBACK
+        self.workers = workers
+
+    @property
+    def work(self) -> dict[str, Any]:
+        """The keywords that say how the call works: ``max_workers`` (``--workers``) and ``callback``."""
+        return {"max_workers": self.workers, "callback": self.callback}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -163,7 +171,7 @@ def running(
 ) -> Iterator[Run]:
     """Time the call and show its progress bar; on an integrity failure, ``failed`` prints what was
     found (after the bar is gone) before the exception goes on to become the exit code."""
-    run = Run()
+    run = Run(getattr(args, "workers", None))
     try:
         with progress(args, desc, enabled=bar) as run.callback:
             yield run
@@ -300,7 +308,7 @@ def print_latest(root: str, url: str | None, skipped: Sequence[dict[str, str]], 
 @contextlib.contextmanager
 def skipped_checkpoints() -> Iterator[list[dict[str, str]]]:
     """The checkpoints the library skips while the block runs (``url``, ``reason``, ``error``),
-    from its "skipping" records (:data:`integrity_fs.checkpoints.SKIPPED`)."""
+    from its "skipping" records (:data:`integrity_fs.runs.SKIPPED`)."""
     found: list[dict[str, str]] = []
 
     class Collect(logging.Handler):

@@ -23,14 +23,17 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import signing, storage
-from ..checkpoints import check_keep_last, newest_that, same_series, signed_name, skip_reason
 from ..collectives import INSTALL_HINT, Call, Failure, Group, all_gather, broadcast, check_agreed, group_of, name_ranks
 from ..distributed import agreed_candidates
 from ..distributed import prune as collective_prune
 from ..errors import IntegrityError, PartialLoadError
 from ..hashing import DEFAULT_ALGORITHM
 from ..manifest import Manifest
+from ..options import Algorithm, Granularity
 from ..report import Problem, Report
+from ..retention import check_keep_last, same_series
+from ..runs import newest_that, signed_name, skip_reason
+from ..storage import URL
 from .reader import Checkpoint, Found, VerifyingFsspecReader, check_listing, load_manifest, warn_unused
 from .writer import HashingFsspecWriter, WrittenFile
 
@@ -52,17 +55,15 @@ __all__ = ["HashingFsspecWriter", "VerifyingFsspecReader", "WrittenFile", "load"
 
 log = logging.getLogger("integrity_fs")
 
-URL = str | os.PathLike[str]
 
-
-def save(
+def save(  # noqa: PLR0913  # SPEC's signature
     state_dict: dict[str, Any],
     url: URL,
     *,
     storage_options: dict[str, Any] | None = None,
     process_group: ProcessGroup | None = None,
-    algorithm: str = DEFAULT_ALGORITHM,
-    granularity: str = "chunk",
+    algorithm: Algorithm = DEFAULT_ALGORITHM,
+    granularity: Granularity = "chunk",
     chunk_size: int | None = None,
     planner: SavePlanner | None = None,
     private_key: signing.PrivateKey | None = None,
@@ -97,7 +98,7 @@ def save(
 
     def make_writer() -> HashingFsspecWriter:
         if keep_last is not None:
-            check_keep_last(keep_last)
+            check_keep_last("keep_last", keep_last)
         return HashingFsspecWriter(
             url,
             algorithm=algorithm,
@@ -145,7 +146,7 @@ def save(
     return manifest
 
 
-def load(
+def load(  # noqa: PLR0913  # SPEC's signature
     state_dict: dict[str, Any],
     url: URL,
     *,
@@ -322,7 +323,7 @@ def _single_process_quietly(single: bool) -> Iterator[None]:
         yield
 
 
-def load_latest(
+def load_latest(  # noqa: PLR0913  # SPEC's signature
     state_dict: dict[str, Any],
     root: URL,
     *,

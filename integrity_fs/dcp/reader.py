@@ -28,9 +28,11 @@ from ..collectives import INSTALL_HINT
 from ..errors import IntegrityError, ManifestNotFoundError
 from ..manifest import Manifest
 from ..manifests import manifest_in_use
+from ..options import VerifyOptions
 from ..read import Entry, VerifiedFile
 from ..report import Problem, Report, printable
-from ..verify import Prepared, check_covered, plan_verification, verify_options
+from ..storage import URL
+from ..verification import Prepared, check_covered, plan_verification
 
 try:
     import torch
@@ -56,7 +58,6 @@ __all__ = ["Checkpoint", "VerifiedFileSystem", "VerifyingFsspecReader", "copy_te
 
 log = logging.getLogger("integrity_fs")
 
-URL = str | os.PathLike[str]
 #: A manifest to load against: the manifest, the name of its file inside the root (if it is
 #: there), whether a signature vouches for it, and whether that signature leaves the root's
 #: empty files to the listing (model_signing's own shards: see ``signing.with_empty_files``).
@@ -96,10 +97,10 @@ def load_manifest(
     root, and whether a signature vouches for it; ``None`` for a checkpoint that has none, when
     that is allowed (:func:`check_listing` logs it)."""
     fs, root = storage.resolve(url, storage_options)
-    options = verify_options(manifest=manifest, public_key=public_key, expected_name=expected_name)
+    options = VerifyOptions(manifest=manifest, public_key=public_key, expected_name=expected_name)
     try:
         found = manifest_in_use(fs, root, options)
-        return found.manifest, found.file, options.key is not None, found.empty_unsigned
+        return found.manifest, found.file, options.public_key is not None, found.empty_unsigned
     except ManifestNotFoundError:
         if require_manifest:
             raise
@@ -215,7 +216,7 @@ class VerifyingFsspecReader(FsspecReader):
     deprecated (a ``DeprecationWarning``): they do nothing.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # the public reader's keywords
         self,
         path: URL,
         *,

@@ -159,6 +159,17 @@ class SealingStream(io.IOBase):
         self._writer.abort()
 
 
+def _take_buffer(free: queue.SimpleQueue[bytearray], allocated: int, limit: int) -> tuple[bytearray, int]:
+    """A buffer of ``PIECE_BYTES`` and how many are allocated now: a free one, a new one while
+    fewer than ``limit`` are, else the next one freed (waiting for it)."""
+    if allocated < limit:
+        try:
+            return free.get_nowait(), allocated
+        except queue.Empty:
+            return bytearray(PIECE_BYTES), allocated + 1
+    return free.get(), allocated
+
+
 class _Lag:
     """Bytes handed to hashing in place and not hashed yet, at most ``limit`` (one piece more
     when nothing else is in flight): the writer waits beyond that."""
@@ -239,13 +250,8 @@ class _BackgroundDigest:
         self._current = None
 
     def _take_buffer(self) -> bytearray:
-        if self._allocated < BUFFERS:
-            try:
-                return self._free.get_nowait()
-            except queue.Empty:
-                self._allocated += 1
-                return bytearray(PIECE_BYTES)
-        return self._free.get()
+        buffer, self._allocated = _take_buffer(self._free, self._allocated, BUFFERS)
+        return buffer
 
     def _run(self) -> None:
         while (item := self._work.get()) is not None:
@@ -395,13 +401,8 @@ class _ParallelChunkDigest:
             self._next_chunk()
 
     def _take_buffer(self) -> bytearray:
-        if self._allocated < BUFFERS * len(self._threads):
-            try:
-                return self._free.get_nowait()
-            except queue.Empty:
-                self._allocated += 1
-                return bytearray(PIECE_BYTES)
-        return self._free.get()
+        buffer, self._allocated = _take_buffer(self._free, self._allocated, BUFFERS * len(self._threads))
+        return buffer
 
     def _run(self, work: queue.SimpleQueue[_ChunkPiece | None]) -> None:
         while (item := work.get()) is not None:

@@ -15,12 +15,13 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .. import manifests, signing, storage
-from ..checkpoints import check_keep_last, prune, same_series
 from ..collectives import INSTALL_HINT
 from ..hashing import DEFAULT_ALGORITHM, Unit, chunk_range
 from ..manifest import Manifest
-from ..options import Hashing
-from ..seal import build_manifest, load_signing_key
+from ..options import Algorithm, Granularity, Hashing, SealOptions
+from ..retention import check_keep_last, prune, same_series
+from ..sealing import build_manifest
+from ..storage import URL
 from .streams import HashingStream, SealingStream
 
 try:
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["HashingFsspecWriter", "TensorOwners", "WrittenFile"]
 
-URL = str | os.PathLike[str]
 
 #: ``fqn`` prefix of the write results that carry digests to the coordinator (never in ``.metadata``).
 _CARRIER = "__integrity_fs__/"
@@ -85,25 +85,26 @@ class HashingFsspecWriter(FsspecWriter):
         self,
         path: URL,
         *,
-        algorithm: str = DEFAULT_ALGORITHM,
-        granularity: str = "chunk",
+        algorithm: Algorithm = DEFAULT_ALGORITHM,
+        granularity: Granularity = "chunk",
         chunk_size: int | None = None,
         private_key: signing.PrivateKey | None = None,
         keep_last: int | None = None,
         **kwargs: Any,
     ) -> None:
         if keep_last is not None:
-            check_keep_last(keep_last)
+            check_keep_last("keep_last", keep_last)
         self.keep_last = keep_last
-        hashing = Hashing(algorithm, granularity, chunk_size)
+        options = SealOptions(
+            algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, private_key=private_key
+        )
+        hashing = options.hashing
         chunk_size = hashing.chunk_size
         # Kept as PEM bytes: the writer is pickled for DCP's process executor, a key object is not picklable.
-        self._signing_pem: bytes | None = None
-        if private_key is not None:
-            self._signing_pem = _pem(load_signing_key(private_key, hashing))
+        self._signing_pem = None if options.private_key is None else _pem(options.private_key)
         super().__init__(path, **kwargs)
         resolved: fsspec.AbstractFileSystem = self.fs.fs  # type: ignore[attr-defined]  # set by FsspecWriter
-        self.hashing_fs = _HashingFileSystem(resolved, algorithm, chunk_size)
+        self.hashing_fs = _HashingFileSystem(resolved, hashing)
         self.fs = self.hashing_fs  # type: ignore[assignment]  # DCP annotates its local FileSystem
         self._hashing = hashing
         self.algorithm = algorithm
@@ -303,12 +304,13 @@ def _is_carrier(result: WriteResult) -> bool:
 class _HashingFileSystem(_FsspecFileSystem):
     """DCP's fsspec file system whose write streams hash what they write, recorded by path."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, algorithm: str, chunk_size: int | None) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, hashing: Hashing) -> None:
         super().__init__()
         self.fs = fs
-        self._algorithm = algorithm
-        self._chunk_size = chunk_size
-        self._checksums = storage.SealingWriter.carries_checksums(fs, algorithm)
+        self._hashing = hashing
+        self._algorithm = hashing.algorithm
+        self._chunk_size = hashing.chunk_size
+        self._checksums = storage.SealingWriter.carries_checksums(fs, hashing.algorithm)
         self._written: dict[str, tuple[int, tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
         self._lock = threading.Lock()
         self.owners = TensorOwners()
@@ -339,9 +341,7 @@ class _HashingFileSystem(_FsspecFileSystem):
                 storage.SealingWriter(
                     self.fs,
                     os.fspath(path),
-                    algorithm=self._algorithm,
-                    granularity="file" if self._chunk_size is None else "chunk",
-                    chunk_size=self._chunk_size,
+                    self._hashing,
                     growing=True,
                 )
             )
@@ -388,12 +388,8 @@ class _HashingFileSystem(_FsspecFileSystem):
         if storage.is_local(self.fs):  # the entry at new_path replaced, never a link or folder followed
             os.replace(storage.local_path(self.fs, path), storage.local_path(self.fs, new_path))
         elif self._checksums:
-            # S3 has no rename but a copy (DCP renames .metadata.tmp): ask S3 for the copy's SHA-256,
-            # so that a file written in one PUT stays attestable whatever the store's copy default.
-            fs = self.fs
-            assert fs is not None
-            fs.copy(os.fspath(path), os.fspath(new_path), ChecksumAlgorithm="SHA256")
-            fs.rm(os.fspath(path))
+            assert self.fs is not None  # DCP renames .metadata.tmp
+            storage.rename_object(self.fs, os.fspath(path), os.fspath(new_path))
         else:
             super().rename(path, new_path)
         with self._lock:

@@ -15,20 +15,22 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .. import signing
 from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest, parse_json
-from ..report import printable
+from ..report import shortened
 from .sums import SUM_FORMATS, dump_sums, is_sum_list, read_sums
 
-__all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "detect", "dump", "load"]
+__all__ = ["B3SUM_NAMES", "B3SUM_SUFFIXES", "DUMP_FORMATS", "FORMATS", "Format", "detect", "dump", "load"]
 
 log = logging.getLogger("integrity_fs")
 
+#: A format :func:`load` reads.
+Format = Literal["integrity_fs", "megatron", "sha256sum", "b3sum", "model_signing"]
 #: What :func:`load` reads (``"auto"`` detects which by content).
-FORMATS: tuple[str, ...] = ("integrity_fs", "megatron", "sha256sum", "b3sum", "model_signing")
+FORMATS: tuple[str, ...] = get_args(Format)
 #: What :func:`dump` writes.
 DUMP_FORMATS: tuple[str, ...] = ("sha256sum", "b3sum", "megatron", "seed")
 #: File names (any case) that say a checksum list is ``b3sum``'s: its content looks like ``sha256sum``'s.
@@ -101,10 +103,9 @@ def dump(manifest: Manifest, format: str) -> bytes:
     if format == "megatron":
         nested = [name for name in manifest.files if "/" in name]
         if nested:  # Megatron hashes the files directly in the checkpoint's directory, and checks no others
-            shown = ", ".join(map(printable, nested[:3])) + (f" and {len(nested) - 3} more" if len(nested) > 3 else "")
             raise ValueError(
                 f"megatron's integrity.json lists the top-level files of a checkpoint only, and this one has "
-                f"files in subdirectories ({shown}): sha256sum lists every file"
+                f"files in subdirectories ({shortened(nested, 3)}): sha256sum lists every file"
             )
         # megatron/core/dist_checkpointing/validation.py: json.dump({...}, f, indent=2)
         return json.dumps({"algorithm": "sha256", "files": dict(manifest.files)}, indent=2).encode("utf-8")

@@ -18,7 +18,6 @@ Needs torch (extra ``hf``); the ``safetensors`` package itself is not used.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
 from dataclasses import dataclass
@@ -27,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from .. import signing, storage
 from ..manifest import Manifest
 from ..manifests import manifest_in_use, read_manifest
+from ..options import VerifyOptions
 from ..read import VerifiedFile, open
 from ..report import printable
-from ..verify import verify_options
+from ..storage import URL
 
 try:
     import torch
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DTYPES", "INDEX_NAME", "MAX_HEADER_SIZE", "WEIGHTS_NAME", "load_state_dict"]
 
-URL = str | os.PathLike[str]
 
 #: The file of a directory with one safetensors file (what ``save_pretrained`` writes).
 WEIGHTS_NAME = "model.safetensors"
@@ -153,7 +152,7 @@ def _manifest(
     if public_key is None:
         return read_manifest(url, storage_options=storage_options, fs=fs)
     store, root = storage.resolve(url, storage_options, fs)
-    return manifest_in_use(store, root, verify_options(public_key=public_key)).manifest
+    return manifest_in_use(store, root, VerifyOptions(public_key=public_key)).manifest
 
 
 def _read_file(f: VerifiedFile, name: str) -> dict[str, torch.Tensor]:

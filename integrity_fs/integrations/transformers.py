@@ -30,15 +30,18 @@ import re
 import warnings
 from typing import Any
 
-from .. import checkpoints, signing
-from ..checkpoints import PruneResult, check_keep_last
+from .. import signing, storage
 from ..collectives import Call, all_gather, group_of
 from ..distributed import agreed_candidates
 from ..distributed import prune as collective_prune
 from ..distributed import verify as collective_verify
 from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY
 from ..manifest import Manifest
-from ..seal import seal, seal_options
+from ..options import Algorithm, Granularity, SealOptions, Work
+from ..retention import PruneResult, check_keep_last
+from ..runs import newest_that, signed_name
+from ..sealing import seal_at
+from ..storage import URL
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -50,7 +53,6 @@ except ImportError as exc:
 
 __all__ = ["CHECKPOINT_NAME", "IntegrityCallback", "latest_verified_checkpoint"]
 
-URL = str | os.PathLike[str]
 
 #: The folders the Trainer writes (``checkpoint-500``); the number is the global step.
 CHECKPOINT_NAME = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-([0-9]+)")
@@ -78,15 +80,15 @@ class IntegrityCallback(TrainerCallback):
         private_key: signing.PrivateKey | None = None,
         *,
         keep_last: int | None = None,
-        algorithm: str = DEFAULT_ALGORITHM,
-        granularity: str = DEFAULT_GRANULARITY,
+        algorithm: Algorithm = DEFAULT_ALGORITHM,
+        granularity: Granularity = DEFAULT_GRANULARITY,
         chunk_size: int | None = None,
     ) -> None:
-        options = seal_options(algorithm, granularity, chunk_size, True, private_key)
+        self._options = SealOptions(
+            algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, overwrite=True, private_key=private_key
+        )
         if keep_last is not None:
-            check_keep_last(keep_last)
-        self._algorithm, self._granularity, self._chunk_size = algorithm, granularity, chunk_size
-        self._key = options.key
+            check_keep_last("keep_last", keep_last)
         self.keep_last = keep_last
         self.sealed: list[str] = []
         self.pruned: list[PruneResult] = []
@@ -119,24 +121,18 @@ class IntegrityCallback(TrainerCallback):
         if self.keep_last is None:
             return
         keep = [folder] + ([state.best_model_checkpoint] if state.best_model_checkpoint else [])
+        key = self._options.private_key
         result = collective_prune(
             str(args.output_dir),
             keep_last=self.keep_last,
-            public_key=None if self._key is None else self._key.public_key(),
+            public_key=None if key is None else signing.load_private_key(key).public_key(),
             keep=keep,
             match=CHECKPOINT_NAME.pattern,
         )
         self.pruned.append(result)
 
     def _seal(self, folder: str) -> Manifest:
-        manifest = seal(
-            folder,
-            algorithm=self._algorithm,
-            granularity=self._granularity,
-            chunk_size=self._chunk_size,
-            overwrite=True,
-            private_key=self._key,
-        )
+        manifest = seal_at(*storage.resolve(folder), self._options, Work())
         self.sealed.append(folder)
         return manifest
 
@@ -170,8 +166,8 @@ def latest_verified_checkpoint(
             url,
             storage_options=storage_options,
             public_key=public_key,
-            expected_name=checkpoints.signed_name(url, public_key),
+            expected_name=signed_name(url, public_key),
         )
 
-    found = checkpoints.newest_that(candidates, attempt, warn=g is None or g.rank == 0)
+    found = newest_that(candidates, attempt, warn=g is None or g.rank == 0)
     return None if found is None else found[0]

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from ..errors import ManifestError, SignatureError
 from ..hashing import combine_chunk_digests
 from ..manifest import Manifest, check_name
-from ..report import SIGNATURE_FILENAME, Problem, Report
+from ..report import SIGNATURE_FILENAME, Problem, Report, shortened
 from .statement import EMPTY_SHA256, Signed, resources, shard_order, signed_manifest
 
 __all__ = [
@@ -167,7 +167,4 @@ def _file_digest(signed: Signed, name: str, shards: Mapping[str, str]) -> str | 
 
 
 def describe_differences(lines: list[str]) -> str:
-    shown = lines[:_MAX_LISTED]
-    if len(lines) > _MAX_LISTED:
-        shown.append(f"... and {len(lines) - _MAX_LISTED} more")
-    return "the signed digests differ from the manifest's: " + "; ".join(shown)
+    return "the signed digests differ from the manifest's: " + shortened(lines, _MAX_LISTED, sep="; ")

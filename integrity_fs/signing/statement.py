@@ -25,9 +25,9 @@ from typing import Any
 
 from ..errors import ManifestError
 from ..hashing import chunk_count, chunk_range, combine_chunk_digests
-from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
+from ..manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json, whole_number
 from ..recorded import CHECKSUMS_FILENAME
-from ..report import SIGNATURE_FILENAME, printable
+from ..report import SIGNATURE_FILENAME, printable, shortened
 
 __all__ = [
     "EMPTY_SHA256",
@@ -107,7 +107,7 @@ def check_shard_names(granularity: str, sizes: Mapping[str, int]) -> None:
     bad = sorted(name for name, size in sizes.items() if size and ":" in name)
     if bad:
         raise ValueError(
-            f"{bad[0]!r}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}: model_signing's shard "
+            f"{shortened([repr(name) for name in bad], 1)}: model_signing's shard "
             "names cannot hold a file name with ':' (sign with granularity='file')"
         )
 
@@ -322,7 +322,7 @@ def _shard_size(value: object) -> int:
     """model_signing 1.1.1 writes ``shard_size`` as a float (``1048576.0``): accept integral ones."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not whole_number(value) or value <= 0:
         raise ManifestError(f"shard size {value!r} is not supported (a positive whole number of bytes)")
     return value
 

@@ -13,34 +13,31 @@ from collections.abc import Callable, Iterator, Sequence
 
 import fsspec
 
+from ..options import Hashing
 from . import s3
 from .calls import check_stop, read_attempts, retried
 from .errors import NotARegularFileError, ShortReadError, SizeChangedError, storage_errors
 from .listing import Version
-from .read import BLOCK_SIZE, ProgressFn, Sink, Vanished, fresh_size, open_range
+from .read import BLOCK_SIZE, ProgressFn, Sink, Span, Vanished, fresh_size, open_range
 from .urls import describe
 from .write import SealingWriter, Written
 
-__all__ = ["copy_file", "copy_within"]
+__all__ = ["copy_file", "copy_within", "rename_object"]
 
 
 def copy_file(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
+    source: Span,
     dst_fs: fsspec.AbstractFileSystem,
     dst_path: str,
-    length: int,
+    hashing: Hashing,
     *,
-    algorithm: str,
-    granularity: str,
-    chunk_size: int | None,
     progress: ProgressFn,
-    version: Version | None = None,
     stop: threading.Event | None = None,
     written: Written | None = None,
     sinks: Callable[[bool], Sequence[Sink]] | None = None,
 ) -> tuple[str, ...] | None:
-    """Copy exactly ``length`` bytes of ``path`` to ``dst_path`` through a :class:`SealingWriter`
+    """Copy ``source`` (a whole file: from 0, its listed ``length`` bytes at its listed ``version``)
+    to ``dst_path`` through a :class:`SealingWriter`
     (recording the write in ``written``); the unit digests of what was written, or ``None`` when
     ``path`` vanished (or is no longer a regular file).
 
@@ -54,6 +51,7 @@ def copy_file(
     raised at once: never taken for a source that vanished. ``sinks``: as for the writer (each
     attempt makes its own).
     """
+    fs, path, _offset, length, _size, version = source
     what = f"copying {describe(fs, path)} to {describe(dst_fs, dst_path)}"
     sent = [0]  # bytes sent (and reported to ``progress``) by the attempt under way
 
@@ -62,9 +60,7 @@ def copy_file(
             return SealingWriter(
                 dst_fs,
                 dst_path,
-                algorithm=algorithm,
-                granularity=granularity,
-                chunk_size=chunk_size,
+                hashing,
                 size=length,
                 written=written,
                 sinks=sinks,
@@ -93,10 +89,7 @@ def copy_within(
     path: str,
     dst_path: str,
     size: int,
-    *,
-    algorithm: str,
-    granularity: str,
-    chunk_size: int | None,
+    hashing: Hashing,
     digests: Sequence[str],
 ) -> None:
     """Copy the object ``path`` to ``dst_path`` in the same object store, no byte through this
@@ -104,12 +97,20 @@ def copy_within(
     lay it out: on S3 with SHA-256, one CopyObject or the same parts, each with its SHA-256 (an
     attestable object stays attestable, and S3 refuses bytes other than those digests); else the
     store's own copy (GCS keeps the object's MD5 and CRC32C)."""
-    part_size = s3.part_layout(granularity, chunk_size, size)
+    part_size = s3.part_layout(hashing.granularity, hashing.chunk_size, size)
     with storage_errors(f"copying {describe(fs, path)} to {describe(fs, dst_path)}"):
-        if SealingWriter.carries_checksums(fs, algorithm) and part_size is not None:
+        if SealingWriter.carries_checksums(fs, hashing.algorithm) and part_size is not None:
             s3.copy_object(fs, path, dst_path, size, part_size, digests)
         else:
             fs.cp_file(path, dst_path)
+
+
+def rename_object(fs: fsspec.AbstractFileSystem, path: str, new_path: str) -> None:
+    """Move the object ``path`` to ``new_path`` on S3, which has no rename but a copy: the copy asks
+    S3 for its SHA-256, so that a file written in one PUT stays attestable whatever the store's copy
+    default; then ``path`` is deleted."""
+    fs.copy(path, new_path, ChecksumAlgorithm="SHA256")
+    fs.rm(path)
 
 
 class _DestinationMissing(Exception):

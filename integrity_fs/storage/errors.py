@@ -19,6 +19,7 @@ __all__ = [
     "NotARegularFileError",
     "ShortReadError",
     "SizeChangedError",
+    "precondition_failed",
     "same_kind",
     "storage_errors",
 ]
@@ -54,6 +55,26 @@ class FileGrewError(SizeChangedError):
     def __init__(self, path: str, expected: int, size: int | None) -> None:
         shown = size if size is not None else "more"
         super().__init__(path, expected, size, f"{path} holds more than {expected} bytes ({shown})")
+
+
+def precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store's 412 Precondition Failed (a pinned read or a conditional write
+    whose version no longer holds), however the backend raised it: s3fs an ``OSError`` with the
+    ``ClientError`` as its cause; gcsfs ``FileExistsError`` since 2024.12, an ``HttpError`` of code
+    412 before."""
+    link: BaseException | None = exc
+    for _ in range(4):
+        if link is None:
+            return False
+        if isinstance(link, FileExistsError) or getattr(link, "code", None) == 412:
+            return True
+        response = getattr(link, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return error.get("Code") in ("PreconditionFailed", "412") or status == 412
+        link = link.__cause__ or link.__context__
+    return False
 
 
 class Cancelled(Exception):

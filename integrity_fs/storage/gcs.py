@@ -18,6 +18,7 @@ import fsspec
 
 from ..errors import FileChangedError
 from ..recorded import DIGEST_SIZES, ObjectState, StoreChecksum
+from .errors import precondition_failed
 
 __all__ = ["GcsRange", "is_gcs", "listed_state"]
 
@@ -53,12 +54,6 @@ def _changed(path: str, generation: str) -> FileChangedError:
     )
 
 
-def _precondition_failed(exc: Exception) -> bool:
-    """412 Precondition Failed: ``FileExistsError`` since gcsfs 2024.12, an ``HttpError`` of code
-    412 before."""
-    return isinstance(exc, FileExistsError) or getattr(exc, "code", None) == 412
-
-
 class GcsRange:
     """Bytes ``[start, end)`` of a GCS object, read as they are asked for (the async-file shape
     ``storage`` streams from: ``read(n)``, ``close()``). ``total_size`` is the object's size as
@@ -86,7 +81,7 @@ class GcsRange:
             try:
                 meta = await self._fs._call("GET", "b/{}/o/{}", bucket, key, json_out=True, **self._pin())
             except Exception as exc:
-                if not _precondition_failed(exc):
+                if not precondition_failed(exc):
                     raise
                 raise _changed(self._path, str(self._generation)) from exc
             self.total_size = int(meta["size"])
@@ -103,7 +98,7 @@ class GcsRange:
                     **self._pin(),
                 )
             except Exception as exc:
-                if not _precondition_failed(exc):
+                if not precondition_failed(exc):
                     raise
                 raise _changed(self._path, str(self._generation)) from exc
             total = str(headers.get("Content-Range") or "").rpartition("/")[2]

@@ -22,8 +22,8 @@ import fsspec
 
 from ..manifest import MANIFEST_FILENAME
 from ..recorded import CHECKSUMS_FILENAME, ObjectState
-from ..report import SIGNATURE_FILENAME, printable
-from . import gcs, s3
+from ..report import SIGNATURE_FILENAME, printable, shortened
+from .checksums import listed_state
 from .errors import storage_errors
 from .gcs import is_gcs
 from .urls import describe, is_local
@@ -182,7 +182,7 @@ def list_files(
             continue
         name = path[len(prefix) :]
         if states is not None and name:
-            state = _listed_state(fs, info)
+            state = listed_state(fs, info)
             if state is not None:
                 states[name] = state
         if name and name not in NOT_CONTENT and not _is_folder_marker(name, info):
@@ -194,14 +194,6 @@ def list_files(
                 if versions is not None:
                     versions[name] = version
     return dict(sorted(out.items())) if ordered else out
-
-
-def _listed_state(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> ObjectState | None:
-    if is_gcs(fs):
-        return gcs.listed_state(info)
-    if s3.is_s3(fs):
-        return s3.listed_state(info)
-    return None
 
 
 def _is_folder_marker(name: str, info: dict[str, Any]) -> bool:
@@ -368,11 +360,8 @@ def check_no_clashes(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[s
     clashes = file_folder_clashes(names)
     if not clashes:
         return
-    shown = "; ".join(f"{printable(f)!r} is a file and also a folder holding {printable(u)!r}" for f, u in clashes[:5])
-    more = f"; and {len(clashes) - 5} more" if len(clashes) > 5 else ""
-    raise ValueError(
-        f"cannot {what} {describe(fs, root)}: {shown}{more} (a local directory cannot hold both: rename one)"
-    )
+    shown = shortened([f"{printable(f)!r} is a file and also a folder holding {printable(u)!r}" for f, u in clashes], 5)
+    raise ValueError(f"cannot {what} {describe(fs, root)}: {shown} (a local directory cannot hold both: rename one)")
 
 
 def kind_of(mode: int) -> str:

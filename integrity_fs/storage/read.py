@@ -22,7 +22,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
@@ -44,6 +44,7 @@ __all__ = [
     "ProgressFn",
     "Range",
     "Sink",
+    "Span",
     "Vanished",
     "fresh_size",
     "hash_range",
@@ -333,23 +334,30 @@ def _confirm_end(fs: fsspec.AbstractFileSystem, path: str, f: Any, end: int) -> 
 # --------------------------------------------------------------------------- hashing a range
 
 
+class Span(NamedTuple):
+    """``length`` bytes of ``path`` on ``fs`` from ``offset``, pinned to the file as listed:
+    ``file_size`` bytes (``None``: not known) at ``version``."""
+
+    fs: fsspec.AbstractFileSystem
+    path: str
+    offset: int
+    length: int
+    file_size: int | None = None
+    version: Version | None = None
+
+
 def hash_range(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
+    span: Span,
     algorithm: str,
-    offset: int,
-    length: int,
     progress: ProgressFn | None = None,
     *,
-    file_size: int | None = None,
-    version: Version | None = None,
     stop: threading.Event | None = None,
     buffer: memoryview | None = None,
     into: memoryview | None = None,
     extra: Callable[[], Sequence[Sink]] | None = None,
 ) -> str:
-    """Digest of exactly ``length`` bytes of ``path`` from ``offset``, read once through
-    :func:`open_range` (pinned to ``version``), in bounded memory.
+    """Digest of the bytes of ``span``, read once through :func:`open_range` (pinned to its
+    version), in bounded memory.
 
     Fewer bytes than asked for is a ``ShortReadError`` (a ``SizeChangedError`` when the store says
     the file is shorter now). Transient failures are retried (``READ_ATTEMPTS`` times, or
@@ -365,6 +373,7 @@ def hash_range(
     attempt also feeds the same bytes to, in order (a store's own checksums, while they are
     recorded); the caller keeps the last ones made.
     """
+    fs, path, offset, length, file_size, version = span
     check_end = file_size is not None and offset + length == file_size
     fast = into is None and buffer is not None and offset == 0 and check_end and length < len(buffer)
     fast = fast and is_local(fs)
@@ -390,9 +399,7 @@ def hash_range(
                 progress(length)
             return hasher.hexdigest()
         others = extra() if extra is not None else ()
-        return _hash_once(
-            fs, path, algorithm, offset, length, progress, counted, file_size, version, stop, into, others
-        )
+        return _hash_once(span, algorithm, progress, counted, stop, into, others)
 
     def undo() -> None:
         if progress is not None and counted[0]:
@@ -409,19 +416,15 @@ def hash_range(
 
 
 def _hash_once(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
+    span: Span,
     algorithm: str,
-    offset: int,
-    length: int,
     progress: ProgressFn | None,
     counter: list[int],
-    file_size: int | None,
-    version: Version | None,
     stop: threading.Event | None,
     into: memoryview | None,
     others: Sequence[Sink] = (),
 ) -> str:
+    fs, path, offset, length, file_size, version = span
     hasher = new_hasher(algorithm)
     reader = open_range(fs, path, offset, length, file_size=file_size, version=version, stop=stop)
     try:

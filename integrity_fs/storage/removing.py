@@ -39,7 +39,7 @@ from fsspec.asyn import sync
 
 from ..manifest import MANIFEST_FILENAME
 from ..recorded import CHECKSUMS_FILENAME
-from ..report import SIGNATURE_FILENAME, printable
+from ..report import SIGNATURE_FILENAME, printable, shortened
 from . import s3
 from .errors import storage_errors
 from .gcs import is_gcs
@@ -169,9 +169,7 @@ def _delete(fs: fsspec.AbstractFileSystem, paths: list[str], what: str) -> None:
     else:
         left = _delete_each(fs, paths, errors)
     if left:
-        shown = ", ".join(printable(describe(fs, p)) for p in left[:3]) + (
-            f" and {len(left) - 3} more" if len(left) > 3 else ""
-        )
+        shown = shortened([describe(fs, p) for p in left], 3)
         cause = f": {printable(errors[0])}" if errors else ""
         raise OSError(f"storage error while deleting {what} of checkpoints: could not delete {shown}{cause}")
 

@@ -29,6 +29,7 @@ from fsspec.asyn import _run_coros_in_chunks, sync
 from ..errors import FileChangedError
 from ..recorded import DIGEST_SIZES, ObjectState, StoreChecksum
 from ..report import printable
+from .errors import precondition_failed
 
 __all__ = [
     "ChecksummedUpload",
@@ -168,25 +169,11 @@ class _pinned:
         return None
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if self._etag and isinstance(exc, OSError) and _precondition_failed(exc):
+        if self._etag and isinstance(exc, OSError) and precondition_failed(exc):
             raise FileChangedError(
                 f"{self._path} changed while it was read (S3 holds another version than the ETag {self._etag} listed)",
                 (self._path,),
             ) from exc
-
-
-def _precondition_failed(exc: BaseException) -> bool:
-    link: BaseException | None = exc
-    for _ in range(4):
-        if link is None:
-            return False
-        response = getattr(link, "response", None)
-        if isinstance(response, dict):
-            error = response.get("Error") or {}
-            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            return error.get("Code") in ("PreconditionFailed", "412") or status == 412
-        link = link.__cause__ or link.__context__
-    return False
 
 
 def _b64(hexdigest: str) -> str:

@@ -27,6 +27,7 @@ from .gcs import is_gcs
 from .s3 import is_s3
 
 __all__ = [
+    "URL",
     "Place",
     "beneath_caches",
     "describe",
@@ -40,9 +41,12 @@ __all__ = [
     "resolve",
 ]
 
+#: What every ``url`` argument takes: a local path or an fsspec URL, as a string or a path object.
+URL = str | os.PathLike[str]
+
 
 def resolve(
-    url: str | os.PathLike[str],
+    url: URL,
     storage_options: dict[str, Any] | None = None,
     fs: fsspec.AbstractFileSystem | None = None,
     *,

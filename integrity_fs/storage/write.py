@@ -23,7 +23,9 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from ..hashing import StreamDigest, new_hasher
+from ..options import Hashing
 from ..recorded import ObjectState
+from ..report import shortened
 from . import s3
 from .errors import storage_errors
 from .local import create_beneath, open_dir_beneath, rename_beneath, unlink_beneath
@@ -133,10 +135,8 @@ class SealingWriter:
         self,
         fs: fsspec.AbstractFileSystem,
         path: str,
+        hashing: Hashing,
         *,
-        algorithm: str,
-        granularity: str,
-        chunk_size: int | None,
         size: int | None = None,
         growing: bool = False,
         written: Written | None = None,
@@ -145,7 +145,8 @@ class SealingWriter:
         self.path = path
         self._written = written
         self._root = written.root if written is not None else os.path.dirname(path)  # local: nothing below it followed
-        self._digest = StreamDigest(algorithm, chunk_size if granularity == "chunk" else None)
+        algorithm, granularity, chunk_size = hashing.algorithm, hashing.granularity, hashing.chunk_size
+        self._digest = StreamDigest(algorithm, chunk_size)
         self._part_size: int | None = None
         if self.carries_checksums(fs, algorithm):
             if size is not None:
@@ -357,7 +358,7 @@ class Written:
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != identity:
                 gone.append(now)
         if gone:
-            shown = ", ".join(sorted(gone)[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+            shown = shortened(sorted(gone), 5)
             raise OSError(f"files written by this transfer were removed or replaced before it finished: {shown}")
 
     def remove(self) -> None:
@@ -373,8 +374,7 @@ class Written:
             with contextlib.suppress(OSError):
                 os.rmdir(directory)  # only when empty: anything another writer put there stays
         if left:
-            shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-            log.warning("could not delete %d files this transfer wrote: %s", len(left), shown)
+            log.warning("could not delete %d files this transfer wrote: %s", len(left), shortened(left, 5))
 
     def _unlinked(self, path: str) -> bool:
         try:

@@ -14,28 +14,28 @@ import dataclasses
 import logging
 import os
 import shutil
-from collections.abc import Iterable
-from typing import Any
-
-import fsspec
-from fsspec.callbacks import Callback
+from typing import TYPE_CHECKING, Any
 
 from .. import manifests, signing, storage
 from ..errors import IntegrityError, ManifestError
 from ..hashing import DEFAULT_ALGORITHM, DEFAULT_GRANULARITY
 from ..manifest import MANIFEST_FILENAME, Manifest
-from ..options import VerifyOptions, Work
+from ..options import Algorithm, Granularity, SealOptions, VerifyOptions, Work
 from ..report import Report, printable
-from ..seal import build_manifest, plan_seal, seal_options
-from ..verify import prepare
+from ..sealing import build_manifest, plan_seal
+from ..storage import URL
+from ..verification import prepare
 from . import staging
 from .destination import Destination
 from .staging import STAGING_MARK
 from .streaming import Side, sent_as_listed, stream, unit_digests, verified_copy
 
-__all__ = ["STAGING_MARK", "check_local_names", "copy", "download", "upload"]
+if TYPE_CHECKING:
+    import fsspec
+    from fsspec.callbacks import Callback
 
-URL = str | os.PathLike[str]
+__all__ = ["STAGING_MARK", "copy", "download", "upload"]
+
 
 log = logging.getLogger("integrity_fs")
 
@@ -84,7 +84,7 @@ def download(
     plan = prepare(src.fs, src.root, VerifyOptions(strict=strict, manifest=manifest), versions=versions).plan
     if plan.problems:  # missing, resized or (strict) extra files: fail before transferring anything
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), src.location)
-    check_local_names(plan.sizes, src.location)
+    storage.check_no_clashes(src.fs, src.root, plan.sizes, "download")
     signature = _signature_of(src)
     created = [] if into else staging.make_dirs(parent)
     stage = staging.staging_path(where, name)
@@ -119,14 +119,14 @@ def download(
     return report
 
 
-def upload(
+def upload(  # noqa: PLR0913  # SPEC's signature
     src: str | os.PathLike[str],
     url: URL,
     *,
     storage_options: dict[str, Any] | None = None,
     fs: fsspec.AbstractFileSystem | None = None,
-    algorithm: str = DEFAULT_ALGORITHM,
-    granularity: str = DEFAULT_GRANULARITY,
+    algorithm: Algorithm = DEFAULT_ALGORITHM,
+    granularity: Granularity = DEFAULT_GRANULARITY,
     chunk_size: int | None = None,
     max_workers: int | None = None,
     callback: Callback | None = None,
@@ -148,7 +148,13 @@ def upload(
     written right after the manifest, signing its digests (those just computed, or the checked
     source manifest's); a signature beside ``src`` is then not copied, else it is carried along.
     """
-    options = seal_options(algorithm, granularity, chunk_size, overwrite, private_key)
+    options = SealOptions(
+        algorithm=algorithm,
+        granularity=granularity,
+        chunk_size=chunk_size,
+        overwrite=overwrite,
+        private_key=private_key,
+    )
     work = Work(max_workers, callback)
     source = Side(storage.local_filesystem(), _local_path(src, "src"))
     dst = Side(*storage.resolve(url, storage_options, fs))
@@ -160,7 +166,7 @@ def upload(
         raw, manifest = _load_manifest(source)
         _check_options_agree(manifest, algorithm, granularity, chunk_size, source.location)
         signature = None
-        if options.key is not None:
+        if options.private_key is not None:
             signing.check_signable(manifest.algorithm, manifest.granularity)
             signing.check_shard_names(manifest.granularity, dict(manifest.sizes or listing))
         else:
@@ -179,11 +185,11 @@ def upload(
         target = Destination(dst, plan.sizes, overwrite=overwrite)
         try:
             verified_copy(source, target.side, manifest, plan, versions, work, target.written, target.recording)
-            target.seal(manifest, work, raw=raw, signature=signature, key=options.key)
+            target.seal(manifest, work, raw=raw, signature=signature, key=options.private_key)
         except BaseException:
             target.abandon()
             raise
-        target.finish(manifest, signed=options.key is not None)
+        target.finish(manifest, signed=options.private_key is not None)
         return manifest
     hashing = options.hashing
     # The seal's own checks (names, chunk count, signable names), on the source's listing; the
@@ -195,11 +201,11 @@ def upload(
         copied = sent_as_listed(source, streamed)
         sizes = {name: c.size for name, c in sorted(copied.items())}
         manifest = build_manifest(hashing, sizes, unit_digests(hashing, copied))
-        target.seal(manifest, work, key=options.key)
+        target.seal(manifest, work, key=options.private_key)
     except BaseException:
         target.abandon()
         raise
-    target.finish(manifest, signed=options.key is not None)
+    target.finish(manifest, signed=options.private_key is not None)
     return manifest
 
 
@@ -235,7 +241,7 @@ def copy(
     if plan.problems:
         raise IntegrityError(Report(problems=plan.problems, extra=plan.extra), source.location)
     if storage.is_local(target.fs):
-        check_local_names(plan.sizes, source.location)
+        storage.check_no_clashes(source.fs, source.root, plan.sizes, "copy to a local disk")
     signature = _signature_of(source)
     into = Destination(target, plan.sizes, overwrite=overwrite)
     try:
@@ -246,22 +252,6 @@ def copy(
         raise
     into.finish(manifest)
     return report
-
-
-def check_local_names(names: Iterable[str], location: str) -> None:
-    """``ValueError`` naming both when ``names`` holds a file and a folder of one name (``sub``
-    and ``sub/x``): an object store holds both, a local directory cannot. Called before anything
-    is transferred to a local disk."""
-    present = set(names)
-    for name in sorted(present):
-        parts = name.split("/")
-        for depth in range(1, len(parts)):
-            folder = "/".join(parts[:depth])
-            if folder in present:
-                raise ValueError(
-                    f"{printable(location)} holds a file {printable(folder)!r} and a file "
-                    f"{printable(name)!r} inside a folder of that name: a local directory cannot hold both"
-                )
 
 
 # --------------------------------------------------------------------------- checks and helpers

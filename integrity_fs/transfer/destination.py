@@ -30,8 +30,8 @@ from .. import manifests, signing, storage
 from ..errors import ManifestError
 from ..manifest import MANIFEST_FILENAME, Manifest
 from ..options import Hashing, VerifyOptions, Work
-from ..report import printable
-from ..verify import prepare
+from ..report import printable, shortened
+from ..verification import prepare
 from ..work import default_workers, run_parallel
 from . import staging
 from .streaming import Side
@@ -144,10 +144,8 @@ class Destination:
                 self.side.path(name),
                 dst.path(name),
                 sizes[name],
-                algorithm=hashing.algorithm,
-                granularity=hashing.granularity,
-                chunk_size=hashing.chunk_size,
-                digests=digests,
+                hashing,
+                digests,
             )
 
         run_parallel(move, sorted(sizes, key=lambda n: -sizes[n]), work.max_workers or default_workers(fs))
@@ -184,9 +182,9 @@ def check_no_links(root: str, names: Iterable[str]) -> None:
                 links.append(path)
                 break
     if links:
-        shown = ", ".join(map(printable, sorted(links)[:5])) + (f" and {len(links) - 5} more" if len(links) > 5 else "")
         raise ValueError(
-            f"{printable(root)} holds symbolic links where the transfer would write: {shown}; a transfer never "
+            f"{printable(root)} holds symbolic links where the transfer would write: {shortened(sorted(links), 5)}; "
+            "a transfer never "
             "writes through a link: remove them, or choose another destination"
         )
 

@@ -11,8 +11,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-import fsspec
+from typing import TYPE_CHECKING
 
 from .. import storage
 from ..errors import IntegrityError
@@ -20,8 +19,11 @@ from ..hashing import Unit, plan_units
 from ..manifest import Manifest
 from ..options import Hashing, Work
 from ..report import Problem, Report
-from ..verify import VerificationPlan, finish_verification
-from ..work import default_workers, progress_fn, run_parallel
+from ..verification import VerificationPlan, finish_verification
+from ..work import default_workers, run_parallel
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = ["Copied", "Outcome", "Resized", "Side", "sent_as_listed", "stream", "unit_digests", "verified_copy"]
 
@@ -129,7 +131,7 @@ def stream(
     ``recording``: computes the destination store's own checksums of what is sent.
     """
     workers = work.max_workers or max(default_workers(src.fs), default_workers(dst.fs))
-    progress = progress_fn(work.callback, sum(sizes.values()))
+    progress = storage.progress_fn(work.callback, sum(sizes.values()))
     stop = threading.Event()
 
     def sinks_of(name: str) -> Callable[[bool], list[storage.StoreHasher]] | None:
@@ -139,17 +141,13 @@ def stream(
 
     def one(name: str) -> Outcome:
         try:
+            source = storage.Span(src.fs, src.path(name), 0, sizes[name], sizes[name], versions.get(name))
             digests = storage.copy_file(
-                src.fs,
-                src.path(name),
+                source,
                 dst.fs,
                 dst.path(name),
-                sizes[name],
-                algorithm=hashing.algorithm,
-                granularity=hashing.granularity,
-                chunk_size=hashing.chunk_size,
+                hashing,
                 progress=progress,
-                version=versions.get(name),
                 stop=stop,
                 written=written,
                 sinks=sinks_of(name),
