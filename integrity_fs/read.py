@@ -111,11 +111,14 @@ def open(
     in_use = manifests.manifest_in_use(store, root, options)
     found = in_use.manifest
     location = storage.describe(store, root)
+    not_listed = FileNotFoundError(f"{printable(name)} is not in the manifest of {location}")
+    if name not in found.files and not in_use.empty_unsigned:
+        raise not_listed
     size, version = storage.stat_file(store, root, name)
-    if name not in found.files and in_use.empty_unsigned and size == 0:
+    if name not in found.files and size == 0:
         found = signing.with_empty_files(found, {name: 0})  # model_signing's shards: passes while empty
     if name not in found.files:
-        raise FileNotFoundError(f"{printable(name)} is not in the manifest of {location}")
+        raise not_listed
     path = storage.join(root, name)
     expected = found.sizes[name] if found.sizes is not None else size
     if size is None:
@@ -252,16 +255,6 @@ class VerifiedFile(io.RawIOBase):
             self._check_open()
             return self._read_into(memoryview(buffer).cast("B"), let_go=False)
 
-    def _from_spool(self, view: memoryview) -> int:
-        assert self._spool is not None
-        try:
-            return self._spool.readinto(view, self._position)
-        except Exception as exc:
-            closed = self._closed_or(exc)
-            if closed is exc:
-                raise
-            raise closed from exc
-
     def _read_into(self, view: memoryview, *, let_go: bool) -> int:
         """``readinto``; ``let_go``: each unit the read passes goes once its bytes are copied (a
         region read once, whose units are not needed again: while the read waits for its next
@@ -273,7 +266,8 @@ class VerifiedFile(io.RawIOBase):
         done = 0
         while done < len(view) and self._position < self.entry.size:
             if self._spool is not None:
-                n = self._from_spool(view[done:])
+                with self._close_is_value_error():
+                    n = self._spool.readinto(view[done:], self._position)
             else:
                 entered = self._position == start == self._region or self._position % self._units.size == 0
                 n = self._copy_from_unit(view[done:], read_ahead=on and entered)
@@ -426,25 +420,19 @@ class VerifiedFile(io.RawIOBase):
         here = fetch is None
         if fetch is None:
             self._make_room(index)
-            fetch = self._held[index] = self._fetch(index)
+            fetch = self._held[index] = _Fetch(Future(), self._stops.new())
         if read_ahead:
             for ahead in range(index + 1, min(index + 1 + READ_AHEAD, len(self._units))):
                 self._ahead(ahead, index)
         if here:
             self._load(index, fetch)
-        try:
-            return fetch.future.result()
-        except BaseException as exc:
-            if self._held.get(index) is fetch:
-                del self._held[index]
-            closed = self._closed_or(exc) if isinstance(exc, Exception) else exc
-            if closed is exc:
+        with self._close_is_value_error():
+            try:
+                return fetch.future.result()
+            except BaseException:
+                if self._held.get(index) is fetch:
+                    del self._held[index]
                 raise
-            raise closed from exc
-
-    def _fetch(self, index: int) -> _Fetch:
-        """A new read of unit ``index``, not yet started."""
-        return _Fetch(Future(), self._stops.new())
 
     def _load(self, index: int, fetch: _Fetch) -> None:
         try:
@@ -466,7 +454,7 @@ class VerifiedFile(io.RawIOBase):
             self._drop(behind[0])
         if self._pool is None:
             self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="integrity_fs-read")
-        fetch = self._held[index] = self._fetch(index)
+        fetch = self._held[index] = _Fetch(Future(), self._stops.new())
         self._pool.submit(self._load, index, fetch)
 
     def _make_room(self, index: int) -> None:
@@ -508,6 +496,17 @@ class VerifiedFile(io.RawIOBase):
     def _count(self, n: int) -> None:
         with self._counted:
             self.bytes_verified += n
+
+    @contextlib.contextmanager
+    def _close_is_value_error(self) -> Iterator[None]:
+        """A read that ``close`` stopped raises ``ValueError``, not the internal stop."""
+        try:
+            yield
+        except Exception as exc:
+            closed = self._closed_or(exc)
+            if closed is exc:
+                raise
+            raise closed from exc
 
     def _closed_or(self, exc: Exception) -> Exception:
         """What a read stopped by ``close`` raises (``ValueError``, as for a closed file), else ``exc``."""
