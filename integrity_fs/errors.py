@@ -1,21 +1,11 @@
-"""The exceptions integrity_fs raises, one root per failure family.
-
-- content does not match the manifest: :class:`IntegrityError` (carries the full report);
-- no manifest at all: :class:`ManifestNotFoundError` (a ``FileNotFoundError``);
-- the manifest cannot be trusted as a description: :class:`ManifestError` (a ``ValueError``);
-- a signature is missing, invalid, or covers other digests: :class:`SignatureError` (an
-  ``IntegrityError``);
-- a load that failed part-way left data in ``state_dict``: :class:`PartialLoadError` (an
-  ``IntegrityError``);
-- a file changed while it was read: :class:`FileChangedError` (an ``OSError``);
-- storage failed: a built-in ``OSError``, never one of the above.
-"""
+"""The exceptions, one root per failure family. A storage failure is a built-in ``OSError``,
+never one of these content errors."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .report import SIGNATURE_FILENAME, Problem, Report, shortened
+from .report import Problem, Report, shortened
 
 __all__ = [
     "CheckpointingException",
@@ -27,15 +17,10 @@ __all__ = [
     "SignatureError",
 ]
 
-_MAX_NAMED = 10
-
 
 class IntegrityError(Exception):
-    """The checkpoint's content does not match its manifest.
-
-    ``report`` holds every problem found; the message names each bad file (the first
-    ten, then a count).
-    """
+    """The content does not match the manifest; ``report`` holds every problem, the message names
+    the first ten."""
 
     def __init__(self, report: Report, location: str = "") -> None:
         self.report = report
@@ -46,56 +31,48 @@ class IntegrityError(Exception):
         problems = self.report.problems
         where = f" at {self.location}" if self.location else ""
         noun = "problem" if len(problems) == 1 else "problems"
-        named = shortened([str(p) for p in problems], _MAX_NAMED, sep="; ")
-        return f"checkpoint{where} failed verification, {len(problems)} {noun}: {named}"
+        return f"checkpoint{where} failed verification, {len(problems)} {noun}: " + shortened(
+            [str(p) for p in problems], 10, sep="; "
+        )
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.report, self.location))
 
 
-class SignatureError(IntegrityError):
-    """A signature check failed: ``model.sig`` is missing or invalid for the given key, or the
-    digests it covers differ from the manifest's.
-
-    ``detail`` says what failed. ``report`` names what differs: per file (``"extra"``: signed but
-    not in the manifest; ``"missing"``: in the manifest but not signed; ``"mismatch"``: signed
-    with other digests) or, when the signature itself failed, ``model.sig``.
-    """
+class _Detailed(IntegrityError):
+    """An ``IntegrityError`` whose message is ``detail``."""
 
     def __init__(self, detail: str, report: Report | None = None, location: str = "") -> None:
-        if report is None:
-            report = Report(problems=(Problem(SIGNATURE_FILENAME, "mismatch"),))
         self.detail = detail
-        super().__init__(report, location)
+        super().__init__(report if report is not None else self._default_report(), location)
+
+    def _default_report(self) -> Report:
+        return Report()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.detail, self.report, self.location))
+
+
+class SignatureError(_Detailed):
+    """``model.sig`` is missing or invalid for the key, or covers other digests than the manifest's;
+    ``report`` names what differs."""
+
+    def _default_report(self) -> Report:
+        return Report(problems=(Problem("model.sig", "mismatch"),))
 
     def _describe(self) -> str:
         where = f" at {self.location}" if self.location else ""
         return f"signature check{where} failed: {self.detail}"
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.detail, self.report, self.location))
 
-
-class PartialLoadError(IntegrityError):
-    """A load failed after verified bytes of the checkpoint had reached ``state_dict``, and no
-    checkpoint loaded over them: ``state_dict`` holds partial data (``dcp.load_latest``).
-
-    ``detail`` names the checkpoints whose data is left and why each load failed; ``report`` and
-    ``location`` are those of the first one's damage (an empty report when it failed otherwise).
-    """
-
-    def __init__(self, detail: str, report: Report | None = None, location: str = "") -> None:
-        self.detail = detail
-        super().__init__(report if report is not None else Report(), location)
+class PartialLoadError(_Detailed):
+    """A load failed after verified bytes had reached ``state_dict`` and nothing loaded over them."""
 
     def _describe(self) -> str:
         return self.detail
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.detail, self.report, self.location))
 
-
-#: The seed's name for :class:`IntegrityError`, kept so seed-era ``except`` clauses still work.
+#: The seed's name for :class:`IntegrityError`.
 CheckpointingException = IntegrityError
 
 
@@ -104,15 +81,12 @@ class ManifestNotFoundError(FileNotFoundError):
 
 
 class ManifestError(ValueError):
-    """The manifest is unreadable or invalid; the message says what is wrong."""
+    """The manifest is unreadable or invalid."""
 
 
 class FileChangedError(OSError):
-    """A file's version changed while an operation read it: written to, replaced or cut since the
-    listing the operation works from. Not damage, and never an OK: run again once writers are done.
-
-    ``names`` are the files (as the message names them).
-    """
+    """A file changed (rewritten, replaced, deleted) while an operation read it: not damage, and
+    never an OK. ``names``: the files."""
 
     def __init__(self, message: str, names: Sequence[str] = ()) -> None:
         super().__init__(message)

@@ -1,246 +1,184 @@
-"""Pure hashing rules: which algorithms exist, which granularities exist, how chunks combine.
+"""Pure hashing rules: the algorithms, how files split into units (chunks), how chunk digests
+combine into a file digest. No I/O.
 
-Adding an algorithm is one entry in ``ALGORITHMS``; adding a granularity is one entry in
-``GRANULARITIES`` plus its planner in ``core``. Call sites never branch on names.
+- ``sha256`` (hashlib) and ``blake3`` (the ``blake3`` package): cryptographic; a chunked file's
+  digest is the hash of its chunk digests' raw bytes, in order.
+- ``crc64nvme`` and ``crc32c`` (the ``awscrt`` package): accidental damage only, at the speed of
+  the read; the digest is the CRC's big-endian bytes in hex, and a chunked file's digest is the
+  CRC of the whole file (combined from the chunks' CRCs), the value S3 and GCS keep.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, NamedTuple, Protocol
 
 __all__ = [
     "ALGORITHMS",
-    "BLAKE3_INSTALL_HINT",
-    "BLAKE3_THREADED_MIN",
-    "DEFAULT_ALGORITHM",
     "DEFAULT_CHUNK_SIZE",
-    "DEFAULT_GRANULARITY",
     "GRANULARITIES",
-    "MAPPED_READS",
-    "READ_SIZES",
-    "Blake3Hasher",
     "Hasher",
     "StreamDigest",
     "Unit",
-    "check_granularity",
-    "chunk_count",
     "chunk_range",
-    "combine_chunk_digests",
-    "file_digest",
-    "hex_length",
+    "combine",
+    "digest_length",
+    "is_crc",
     "new_hasher",
     "plan_units",
 ]
+
+ALGORITHMS = ("sha256", "blake3", "crc64nvme", "crc32c")
+GRANULARITIES = ("file", "chunk")
+DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024
+_CRC_BYTES = {"crc64nvme": 8, "crc32c": 4}
+_HINTS = {"blake3": "pip install 'integrity-fs[blake3]'", "crc": "pip install 'integrity-fs[crc]'"}
 
 
 class Hasher(Protocol):
     def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
     def hexdigest(self) -> str: ...
-    def digest(self) -> bytes: ...
 
 
-#: Updates at least this long are hashed on several threads by BLAKE3; shorter ones on one,
-#: where handing work to other threads costs more than it saves (measured: 64 KiB updates
-#: run at 0.65x with threads, 1 MiB ones at 1.7x on 2 cores).
-BLAKE3_THREADED_MIN = 1024 * 1024
-BLAKE3_INSTALL_HINT = "pip install 'integrity-fs[blake3]'"
+class _Crc:
+    """A CRC with ``hashlib``'s shape."""
 
+    __slots__ = ("_crc", "_function", "_width")
 
-class Blake3Hasher:
-    """BLAKE3 (the ``blake3`` package), multi-threaded when it is fed large buffers.
-
-    Whether to use threads is decided by the first update, since a ``blake3`` object's
-    thread setting is fixed; both settings give the same digest.
-    """
-
-    __slots__ = ("_hasher",)
-
-    def __init__(self) -> None:
-        _blake3_class()  # fail here, with the install hint, rather than on the first update
-        self._hasher: Any = None
-
-    def _state(self, first: int) -> Any:
-        if self._hasher is None:
-            blake3 = _blake3_class()
-            self._hasher = blake3(max_threads=blake3.AUTO if first >= BLAKE3_THREADED_MIN else 1)
-        return self._hasher
+    def __init__(self, function: Callable[..., int], width: int) -> None:
+        self._function, self._width, self._crc = function, width, 0
 
     def update(self, data: bytes | bytearray | memoryview, /) -> None:
-        self._state(len(data)).update(data)
+        self._crc = self._function(data, self._crc)
 
     def hexdigest(self) -> str:
-        return str(self._state(0).hexdigest())
-
-    def digest(self) -> bytes:
-        return bytes(self._state(0).digest())
+        return self._crc.to_bytes(self._width, "big").hex()
 
 
-def _blake3_class() -> Any:
+def _crc_module() -> Any:
     try:
-        from blake3 import blake3
+        import awscrt.checksums
     except ImportError:
-        raise NotImplementedError(f"hash algorithm 'blake3' needs the blake3 package: {BLAKE3_INSTALL_HINT}") from None
-    return blake3
-
-
-ALGORITHMS: dict[str, Callable[[], Hasher]] = {
-    "sha256": hashlib.sha256,
-    "blake3": Blake3Hasher,
-}
-
-#: Read size for hashing local files, where an algorithm gains from larger reads (BLAKE3
-#: spreads one update over several threads: 4 MiB reads measured 1.13x faster than 1 MiB).
-#: Others use ``storage.BLOCK_SIZE``. One buffer of this size per worker thread.
-READ_SIZES: dict[str, int] = {
-    "blake3": 4 * 1024 * 1024,
-}
-
-#: Algorithms fast enough that copying a local file into buffers costs much of their time (BLAKE3 on
-#: every core hashes faster than one core copies): local reads of large files map the file instead.
-MAPPED_READS: frozenset[str] = frozenset({"blake3"})
-
-DEFAULT_ALGORITHM: Final = "sha256"
-DEFAULT_GRANULARITY: Final = "file"
-DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024
+        raise NotImplementedError(f"CRC manifests need the awscrt package: {_HINTS['crc']}") from None
+    return awscrt.checksums
 
 
 def new_hasher(algorithm: str) -> Hasher:
-    """A fresh hasher for ``algorithm``; ``NotImplementedError`` for an unknown name."""
-    try:
-        factory = ALGORITHMS[algorithm]
-    except (KeyError, TypeError):
-        raise NotImplementedError(
-            f"unsupported hash algorithm {algorithm!r} (supported: {', '.join(sorted(ALGORITHMS))})"
-        ) from None
-    return factory()
+    """A fresh hasher; ``NotImplementedError`` for an unknown algorithm or a missing package."""
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    if algorithm == "blake3":
+        try:
+            from blake3 import blake3
+        except ImportError:
+            raise NotImplementedError(f"hash algorithm 'blake3' needs the blake3 package: {_HINTS['blake3']}") from None
+        return blake3(max_threads=blake3.AUTO)  # type: ignore[no-any-return]
+    if algorithm in _CRC_BYTES:
+        return _Crc(getattr(_crc_module(), algorithm), _CRC_BYTES[algorithm])
+    raise NotImplementedError(f"unsupported hash algorithm {algorithm!r} (supported: {', '.join(ALGORITHMS)})")
 
 
-def hex_length(algorithm: str) -> int:
-    """How many hex characters a digest of ``algorithm`` has."""
-    return len(new_hasher(algorithm).hexdigest())
+def is_crc(algorithm: str) -> bool:
+    return algorithm in _CRC_BYTES
 
 
-def check_granularity(granularity: str) -> None:
+def digest_length(algorithm: str) -> int:
+    """Hex characters in a digest of ``algorithm`` (``NotImplementedError`` when unknown)."""
+    if algorithm in _CRC_BYTES:
+        return 2 * _CRC_BYTES[algorithm]
+    if algorithm in ALGORITHMS:
+        return 64
+    raise NotImplementedError(f"unsupported hash algorithm {algorithm!r} (supported: {', '.join(ALGORITHMS)})")
+
+
+def check_granularity(granularity: object) -> None:
     if granularity not in GRANULARITIES:
-        raise NotImplementedError(f"unsupported granularity {granularity!r} (supported: {', '.join(GRANULARITIES)})")
-
-
-def chunk_count(size: int, chunk_size: int) -> int:
-    """Number of chunks of a file of ``size`` bytes; an empty file is one (empty) chunk."""
-    return max(1, -(-size // chunk_size))
+        raise NotImplementedError(f"unsupported granularity {granularity!r} (supported: file, chunk)")
 
 
 def chunk_range(size: int, chunk_size: int, index: int) -> tuple[int, int]:
-    """Byte range ``[start, end)`` of chunk ``index`` of a file of ``size`` bytes."""
+    """``[start, end)`` of chunk ``index`` of a file of ``size`` bytes."""
     start = index * chunk_size
     return start, min(size, start + chunk_size)
 
 
-def combine_chunk_digests(algorithm: str, chunk_digests: Sequence[str]) -> str:
-    """The file digest of a chunked file: the hash of its chunk digests' raw bytes, in order."""
+def chunk_count(size: int, chunk_size: int) -> int:
+    """Chunks of a file of ``size`` bytes; an empty file is one empty chunk."""
+    return max(1, -(-size // chunk_size))
+
+
+def combine(algorithm: str, digests: Sequence[str], size: int, chunk_size: int) -> str:
+    """A chunked file's digest from its chunk digests (see the module docstring)."""
+    if algorithm in _CRC_BYTES:
+        combine_crc = getattr(_crc_module(), f"combine_{algorithm}")
+        total = int(digests[0], 16)
+        for index in range(1, len(digests)):
+            start, end = chunk_range(size, chunk_size, index)
+            total = combine_crc(total, int(digests[index], 16), end - start)
+        return total.to_bytes(_CRC_BYTES[algorithm], "big").hex()
     hasher = new_hasher(algorithm)
-    for hexdigest in chunk_digests:
-        hasher.update(bytes.fromhex(hexdigest))
+    for digest in digests:
+        hasher.update(bytes.fromhex(digest))
     return hasher.hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """One independently hashed byte range: chunk ``index`` of file ``name``.
-
-    ``file_size`` (not part of a unit's identity) is the size of the whole file when planned: the
-    reader of the unit that ends there confirms the file ends there too.
-    """
+class Unit(NamedTuple):
+    """One independently hashed range: chunk ``index`` of file ``name``, ``length`` bytes from
+    ``offset``, in a file of ``file_size`` bytes."""
 
     name: str
     index: int
     offset: int
     length: int
-    file_size: int | None = field(default=None, compare=False)
+    file_size: int
 
 
-def _plan_file(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
-    return [Unit(name, 0, 0, size, size) for name, size in sizes.items()]
-
-
-def _plan_chunks(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
-    assert chunk_size is not None and chunk_size > 0
-    units = []
-    for name, size in sizes.items():
-        for index in range(chunk_count(size, chunk_size)):
-            start, end = chunk_range(size, chunk_size, index)
-            units.append(Unit(name, index, start, end - start, size))
-    return units
-
-
-def _digest_file(algorithm: str, digests: Sequence[str]) -> str:
-    (digest,) = digests
-    return digest
-
-
-#: granularity -> (split files into units, turn a file's unit digests into its file digest)
-_PLANNERS: dict[str, Callable[[Mapping[str, int], int | None], list[Unit]]] = {
-    "file": _plan_file,
-    "chunk": _plan_chunks,
-}
-_COMBINERS: dict[str, Callable[[str, Sequence[str]], str]] = {
-    "file": _digest_file,
-    "chunk": combine_chunk_digests,
-}
-
-#: "file": one digest of each file's bytes. "chunk": one digest per fixed-size chunk,
-#: and a file digest derived from them (see :func:`combine_chunk_digests`).
-GRANULARITIES: tuple[str, ...] = tuple(_PLANNERS)
-
-
-def plan_units(granularity: str, sizes: Mapping[str, int], chunk_size: int | None = None) -> list[Unit]:
-    """The units to hash for files of the given sizes, in file then chunk order."""
-    check_granularity(granularity)
-    return _PLANNERS[granularity](sizes, chunk_size)
-
-
-def file_digest(algorithm: str, granularity: str, unit_digests: Sequence[str]) -> str:
-    """A file's digest from its units' digests, in chunk order."""
-    check_granularity(granularity)
-    return _COMBINERS[granularity](algorithm, unit_digests)
+def plan_units(sizes: Mapping[str, int], chunk_size: int | None) -> list[Unit]:
+    """The units of files of these sizes: whole files (``chunk_size`` None), or chunks."""
+    if chunk_size is None:
+        return [Unit(name, 0, 0, size, size) for name, size in sizes.items()]
+    return [
+        Unit(name, i, start, end - start, size)
+        for name, size in sizes.items()
+        for i in range(chunk_count(size, chunk_size))
+        for start, end in (chunk_range(size, chunk_size, i),)
+    ]
 
 
 class StreamDigest:
-    """The digests of a byte stream fed in pieces: one digest, or one per ``chunk_size`` bytes."""
+    """The digests of a stream fed in pieces: one, or one per ``chunk_size`` bytes."""
 
     def __init__(self, algorithm: str, chunk_size: int | None) -> None:
-        self._algorithm = algorithm
-        self._chunk_size = chunk_size
+        self.algorithm, self.chunk_size = algorithm, chunk_size
         self._hasher = new_hasher(algorithm)
         self._in_chunk = 0
-        self._done: list[str] = []
+        self.done: list[str] = []  # digests of the chunks completed so far
         self.size = 0
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
-        data = memoryview(data)
-        self.size += len(data)
-        if self._chunk_size is None:
-            self._hasher.update(data)
+        view = memoryview(data).cast("B")
+        self.size += len(view)
+        if self.chunk_size is None:
+            self._hasher.update(view)
             return
-        while data:
-            take = min(len(data), self._chunk_size - self._in_chunk)
-            self._hasher.update(data[:take])
+        while view:
+            take = min(len(view), self.chunk_size - self._in_chunk)
+            self._hasher.update(view[:take])
             self._in_chunk += take
-            data = data[take:]
-            if self._in_chunk == self._chunk_size:
-                self._done.append(self._hasher.hexdigest())
-                self._hasher = new_hasher(self._algorithm)
-                self._in_chunk = 0
-
-    def completed(self) -> list[str]:
-        """The digests of the chunks completed so far (a view: do not modify)."""
-        return self._done
+            view = view[take:]
+            if self._in_chunk == self.chunk_size:
+                self.done.append(self._hasher.hexdigest())
+                self._hasher, self._in_chunk = new_hasher(self.algorithm), 0
 
     def digests(self) -> tuple[str, ...]:
-        """The unit digests in order; an empty stream has one (empty) unit."""
-        if self._in_chunk or not self._done:
-            return (*self._done, self._hasher.hexdigest())
-        return tuple(self._done)
+        """Every unit's digest; an empty stream has one (empty) unit."""
+        if self._in_chunk or not self.done:
+            return (*self.done, self._hasher.hexdigest())
+        return tuple(self.done)
+
+    def file_digest(self) -> str:
+        units = self.digests()
+        if self.chunk_size is None:
+            return units[0]
+        return combine(self.algorithm, units, self.size, self.chunk_size)

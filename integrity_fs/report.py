@@ -1,7 +1,4 @@
-"""What a verification found: :class:`Problem` (one difference) and :class:`Report` (all of them).
-
-Pure data with no I/O, imported by ``errors`` and ``core`` alike (so neither imports the other).
-"""
+"""What a verification found, and what a prune did: pure data, no I/O."""
 
 from __future__ import annotations
 
@@ -9,45 +6,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = [
-    "SIGNATURE_FILENAME",
-    "Problem",
-    "ProblemKind",
-    "Report",
-    "every_file_differs",
-    "printable",
-    "shortened",
-]
+__all__ = ["Problem", "PruneResult", "Report", "printable", "shortened"]
 
 ProblemKind = Literal["mismatch", "missing", "size", "extra"]
-#: The signature file beside the manifest (``signing`` re-exports it); here so that ``errors`` can
-#: name it in a problem without importing ``signing``, which imports ``errors``.
-SIGNATURE_FILENAME = "model.sig"
 
 
 def printable(name: str) -> str:
-    """``name`` as one line of text: control and other non-printable characters escaped (``\\n``,
-    ``\\x1b``), so that a file or directory name cannot add lines (a fake "verified") or escape
-    sequences to what people read. Names in ``--json`` and in :class:`Problem` stay as they are."""
+    """``name`` on one line: control characters escaped, so that a file name cannot forge lines of output."""
     if name.isprintable():
         return name
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in name)
 
 
 def shortened(items: Sequence[str], limit: int, *, sep: str = ", ") -> str:
-    """The first ``limit`` of ``items`` (each :func:`printable`) joined by ``sep``, then
-    `` and N more`` when there are more: many names in one line of a message."""
+    """The first ``limit`` items, then `` and N more``."""
     shown = sep.join(printable(item) for item in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One way the checkpoint differs from its manifest.
+    """One way a checkpoint differs from its manifest.
 
-    ``expected``/``actual`` are digests for ``"mismatch"``, byte counts for ``"size"``, the
-    expected digest and ``None`` for ``"missing"``, ``None`` and the size for ``"extra"``.
-    ``byte_ranges`` lists the ``[start, end)`` ranges that differ, for chunk manifests.
+    ``expected``/``actual``: digests for ``"mismatch"``, byte counts for ``"size"``, the digest and
+    ``None`` for ``"missing"``, ``None`` and the size for ``"extra"``. ``byte_ranges``: the
+    ``[start, end)`` ranges that differ (chunk manifests).
     """
 
     path: str
@@ -64,9 +47,7 @@ class Problem:
             return f"{path}: extra (not in the manifest)"
         if self.kind == "size":
             return f"{path}: size (expected {self.expected} bytes, found {self.actual})"
-        where = ""
-        if self.byte_ranges:
-            where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in self.byte_ranges)
+        where = " in bytes " + ", ".join(f"{a}-{b - 1}" for a, b in self.byte_ranges) if self.byte_ranges else ""
         return f"{path}: mismatch{where} (expected {self.expected}, found {self.actual})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,13 +58,11 @@ class Problem:
 
 @dataclass(frozen=True)
 class Report:
-    """The outcome of a verification. ``ok`` is True exactly when ``problems`` is empty.
+    """The outcome of a verification; ``ok`` exactly when ``problems`` is empty.
 
-    ``attested_by`` names the store checksum that attested each of the ``files_attested`` files
-    (unread): ``"sha256"`` (S3's SHA-256, equal to the manifest's digest), or a checksum the store
-    still shows and integrity_fs recorded when it last read or wrote every byte of the file:
-    ``"sha1"``, ``"md5"`` (GCS's MD5, or S3's ETag), and with ``attested="crc"`` also
-    ``"crc32c"``, ``"crc32"``.
+    ``files_checked`` counts files confirmed (hashed or attested), ``files_attested`` the attested
+    share, ``bytes_checked`` the bytes hashed; ``attested_by`` names the store checksum that
+    attested each file (``"sha256"``, ``"crc64nvme"``, ``"crc32c"``).
     """
 
     problems: tuple[Problem, ...] = ()
@@ -109,10 +88,20 @@ class Report:
         }
 
 
-def every_file_differs(report: Report) -> bool:
-    """Whether every file checked differs from its digest, and nothing else is wrong: checked
-    against a list read as ``sha256sum`` output, a ``b3sum`` list (the same layout, BLAKE3
-    digests) is then likelier than damage to every file."""
-    problems = report.problems
-    every = bool(problems) and len(problems) == report.files_checked
-    return every and all(p.kind == "mismatch" for p in problems)
+@dataclass(frozen=True)
+class PruneResult:
+    """What :func:`integrity_fs.prune` kept, deleted and left (URLs, newest first).
+
+    ``verdicts`` maps each checkpoint to the word ``status`` shows for it: ``"ok"``, ``"sizes
+    ok"``, ``"damaged"``, ``"unsealed"``, ``"invalid"``, ``"changing"`` or ``"deleting"``.
+    """
+
+    kept: tuple[str, ...]
+    deleted: tuple[str, ...]
+    left: tuple[str, ...]
+    verdicts: Mapping[str, str]
+    bytes_freed: int
+    dry_run: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdicts": dict(self.verdicts)}

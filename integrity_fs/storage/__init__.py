@@ -1,106 +1,41 @@
-"""The only door to fsspec: where a checkpoint is, what it holds, reading it (one guarded,
-pinned, retried reader) and writing (atomic, checksummed, never half-committed).
+"""The only door to fsspec: where a checkpoint is, what it holds, pinned reads, writes. Internal."""
 
-Internal: the verbs of integrity_fs call these; users call the verbs.
-"""
-
-from .checksums import StoreHasher, computed_values, keeps_checksums, object_states
-from .copying import copy_file, copy_within, rename_object
-from .errors import Cancelled, NotARegularFileError, SizeChangedError
-from .listing import (
-    NOT_CONTENT,
-    Version,
-    check_no_clashes,
-    check_root,
-    exists,
-    list_dirs,
-    list_files,
-    stat_file,
-)
-from .local import create_beneath, unlink_beneath
-from .progress import DEFAULT_CALLBACK, Callback, TqdmCallback, progress_fn
-from .read import BLOCK_SIZE, ProgressFn, Sink, Span, hash_range, read_file
-from .recording import Recording, WriteRecording, plan_recording, read_records, record_checksums, record_written
-from .removing import METADATA_ORDER, folder_of, remove_folders
-from .urls import (
-    URL,
-    beneath_caches,
-    describe,
-    is_local,
-    join,
-    local_filesystem,
-    local_path,
-    overlap,
-    parent,
-    resolve,
-)
-from .write import (
-    SealingWriter,
-    Written,
-    makedirs,
-    object_checksums,
-    remove_file,
-    remove_files,
-    sync_dirs,
-    write_atomic,
-)
+from .errors import Cancelled, NotARegularFileError, precondition_failed, storage_errors
+from .listing import NOT_CONTENT, SIGNATURE_FILENAME, Stat, check_root, exists, forget, list_dirs, list_files, stat_file
+from .read import hash_range, on_loop, read_blocks, read_file
+from .urls import URL, describe, is_gcs, is_local, is_s3, join, overlap, parent, resolve, under_cache
+from .write import LocalTree, Writer, remove, write_atomic
 
 __all__ = [
-    "BLOCK_SIZE",
-    "DEFAULT_CALLBACK",
-    "METADATA_ORDER",
     "NOT_CONTENT",
+    "SIGNATURE_FILENAME",
     "URL",
-    "Callback",
     "Cancelled",
+    "LocalTree",
     "NotARegularFileError",
-    "ProgressFn",
-    "Recording",
-    "SealingWriter",
-    "Sink",
-    "SizeChangedError",
-    "Span",
-    "StoreHasher",
-    "TqdmCallback",
-    "Version",
-    "WriteRecording",
-    "Written",
-    "beneath_caches",
-    "check_no_clashes",
+    "Stat",
+    "Writer",
     "check_root",
-    "computed_values",
-    "copy_file",
-    "copy_within",
-    "create_beneath",
     "describe",
     "exists",
-    "folder_of",
+    "forget",
     "hash_range",
+    "is_gcs",
     "is_local",
+    "is_s3",
     "join",
-    "keeps_checksums",
     "list_dirs",
     "list_files",
-    "local_filesystem",
-    "local_path",
-    "makedirs",
-    "object_checksums",
-    "object_states",
+    "on_loop",
     "overlap",
     "parent",
-    "plan_recording",
-    "progress_fn",
+    "precondition_failed",
+    "read_blocks",
     "read_file",
-    "read_records",
-    "record_checksums",
-    "record_written",
-    "remove_file",
-    "remove_files",
-    "remove_folders",
-    "rename_object",
+    "remove",
     "resolve",
     "stat_file",
-    "sync_dirs",
-    "unlink_beneath",
+    "storage_errors",
+    "under_cache",
     "write_atomic",
 ]
