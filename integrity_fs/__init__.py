@@ -16,6 +16,8 @@ from .manifest import MANIFEST_FILENAME, Manifest
 from .options import SealOptions, VerifyOptions
 from .read import open
 from .report import Problem, PruneResult, Report
+from .runs import find_checkpoints, latest_verified, prune
+from .transfer import copy, download, upload
 from .verify import read_manifest, seal, sign, verify
 
 __all__ = [
@@ -33,10 +35,16 @@ __all__ = [
     "SealOptions",
     "SignatureError",
     "VerifyOptions",
+    "copy",
+    "download",
+    "find_checkpoints",
+    "latest_verified",
     "open",
+    "prune",
     "read_manifest",
     "seal",
     "sign",
+    "upload",
     "verify",
 ]
 

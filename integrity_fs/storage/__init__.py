@@ -1,10 +1,11 @@
 """The only door to fsspec: where a checkpoint is, what it holds, pinned reads, writes. Internal."""
 
+from . import gcs, s3, write
 from .errors import Cancelled, NotARegularFileError, precondition_failed, storage_errors
 from .listing import NOT_CONTENT, SIGNATURE_FILENAME, Stat, check_root, exists, forget, list_dirs, list_files, stat_file
 from .read import hash_range, on_loop, read_blocks, read_file
 from .urls import URL, describe, is_gcs, is_local, is_s3, join, overlap, parent, resolve, under_cache
-from .write import LocalTree, Writer, remove, write_atomic
+from .write import LocalTree, Writer, fsync_dir, remove, write_atomic
 
 __all__ = [
     "NOT_CONTENT",
@@ -18,6 +19,8 @@ __all__ = [
     "check_root",
     "describe",
     "exists",
+    "fsync_dir",
+    "gcs",
     "forget",
     "hash_range",
     "is_gcs",
@@ -34,8 +37,10 @@ __all__ = [
     "read_file",
     "remove",
     "resolve",
+    "s3",
     "stat_file",
     "storage_errors",
     "under_cache",
+    "write",
     "write_atomic",
 ]

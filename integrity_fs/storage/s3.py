@@ -111,7 +111,7 @@ class Upload:
                 self._call("abort_multipart_upload", UploadId=upload_id)
 
 
-def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, parts: list[tuple[int, int, str]]) -> None:
+def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, parts: list[tuple[int, int, str | None]]) -> None:
     """Copy ``source`` (pinned: ``etag``, else S3 refuses with 412) to ``path`` in the same store,
     keeping an attestable layout: ``parts`` (``start``, ``end``, SHA-256 of each, for a composite
     object) or one CopyObject that S3 gives the checksum of ``algorithm`` (when it keeps one)."""
@@ -124,7 +124,8 @@ def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, part
         fs.invalidate_cache(path)
         return
     try:
-        upload._upload_id = upload._call("create_multipart_upload", ChecksumAlgorithm="SHA256")["UploadId"]
+        sums = all(d is not None for _, _, d in parts)
+        upload._upload_id = upload._call("create_multipart_upload", **({"ChecksumAlgorithm": "SHA256"} if sums else {}))["UploadId"]
         for number, (start, end, digest) in enumerate(parts, 1):
             out = upload._call(
                 "upload_part_copy",
@@ -134,7 +135,8 @@ def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, part
                 CopySourceIfMatch=etag,
                 CopySourceRange=f"bytes={start}-{end - 1}",
             )
-            upload._parts.append({"PartNumber": number, "ETag": out["CopyPartResult"]["ETag"], "ChecksumSHA256": _b64(digest)})
+            sha = {"ChecksumSHA256": _b64(digest)} if digest is not None and sums else {}
+            upload._parts.append({"PartNumber": number, "ETag": out["CopyPartResult"]["ETag"], **sha})
         upload._call("complete_multipart_upload", UploadId=upload._upload_id, MultipartUpload={"Parts": upload._parts})
         upload._upload_id = None
     finally:

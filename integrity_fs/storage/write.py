@@ -21,7 +21,7 @@ from .errors import storage_errors
 from .listing import TEMP_PREFIX, forget
 from .urls import describe, is_local, is_s3, parent
 
-__all__ = ["LocalTree", "Writer", "remove", "write_atomic"]
+__all__ = ["LocalTree", "Writer", "fsync_dir", "remove", "write_atomic"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -54,10 +54,10 @@ def write_atomic(fs: Any, path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -137,6 +137,14 @@ class LocalTree:
                 os.unlink(name, dir_fd=fd)
             finally:
                 os.close(fd)
+
+    def rmdir(self, rel: str) -> None:
+        folder, name = os.path.split(rel)
+        fd = self._folder(folder, make=False)
+        try:
+            os.rmdir(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def rename(self, rel: str, new_rel: str) -> None:
         """``rel`` to ``new_rel`` inside the tree (no link followed on either side)."""
