@@ -81,9 +81,9 @@ class _HashingFileSystem(FileSystem):  # type: ignore[misc]
     """DCP's fsspec filesystem whose written files are hashed as they are written; ``written``
     records each one's size and unit digests by name relative to the checkpoint."""
 
-    def __init__(self, root: str, options: SealOptions, **storage_options: Any) -> None:
+    def __init__(self, fs: Any, root: str, options: SealOptions) -> None:
         super().__init__()
-        self.fs, self.root, self._options = storage.resolve(root, storage_options)[0], root, options
+        self.fs, self.root, self._options = fs, root, options
         self.written: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._lock = threading.Lock()
 
@@ -161,7 +161,7 @@ def save(
         count("keep_last", keep_last, optional=False)
         series = _pattern_of(text.rstrip("/").rsplit("/", 1)[-1], pattern)
     fs, root = storage.resolve(text, storage_options)
-    hashing = _HashingFileSystem(root, options, **(storage_options or {}))
+    hashing = _HashingFileSystem(fs, root, options)
     writer = FsspecWriter(text, **writer_kw, **(storage_options or {}))
     writer.fs = hashing
     g = group_of(process_group)

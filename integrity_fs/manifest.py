@@ -129,7 +129,7 @@ class Manifest:
             if key not in data:
                 raise ManifestError(f"manifest has no {key!r} key")
         for key, kind in (("files", "names to digests"), ("sizes", "names to byte counts"), ("chunks", "names to lists")):
-            if key in data and not isinstance(data[key], dict):
+            if data.get(key) is not None and not isinstance(data[key], dict):
                 raise ManifestError(f"{key!r} must be an object mapping {kind}")
         chunks = data.get("chunks")
         if chunks is not None and not all(isinstance(v, list) for v in chunks.values()):

@@ -21,7 +21,6 @@ import io
 import os
 import tempfile
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -91,7 +90,7 @@ class VerifiedFile(io.RawIOBase):
             self._unit, self._digests = chunk, manifest.chunks[name]
         self._chunked = chunk is not None
         self._lock = threading.RLock()
-        self._held: OrderedDict[int, Future[bytes]] = OrderedDict()
+        self._held: dict[int, Future[bytes]] = {}
         self._stops: dict[int, threading.Event] = {}
         self._closing = threading.Event()
         self._serial = storage.under_cache(fs) is not fs
@@ -199,18 +198,20 @@ class VerifiedFile(io.RawIOBase):
         return bytes(data)
 
     def _verified(self, index: int) -> bytes:
+        """Unit ``index``'s verified bytes: held, being read ahead, or read now (the next one sent
+        ahead first, so that both are hashed at once)."""
         future = self._held.get(index)
         if future is None:
-            future = Future()
-            self._keep(index, future)
-            self._ahead(index + 1)
+            self._room(index, ahead=False)
+            future = self._held[index] = Future()
+            self._stops[index] = threading.Event()
+            self._ahead(index + 1, index)
             try:
                 future.set_result(self._load(index, self._stops[index]))
             except BaseException as exc:
                 future.set_exception(exc)
         else:
-            self._held.move_to_end(index)
-            self._ahead(index + 1)
+            self._ahead(index + 1, index)
         try:
             return future.result()
         except BaseException:
@@ -220,11 +221,18 @@ class VerifiedFile(io.RawIOBase):
                 raise ValueError("I/O operation on a closed file (closed while it was read)") from None
             raise
 
-    def _keep(self, index: int, future: Future[bytes]) -> None:
+    def _room(self, current: int, *, ahead: bool) -> bool:
+        """Room for one more unit while ``current`` is read: units behind it go first (lowest
+        first); then, unless the room is for a read-ahead, the one furthest ahead. Whether there is room."""
         while len(self._held) >= _HELD:
-            self._drop(next(iter(self._held)))
-        self._held[index] = future
-        self._stops[index] = threading.Event()
+            behind = [i for i in self._held if i < current]
+            if behind:
+                self._drop(min(behind))
+            elif ahead:
+                return False
+            else:
+                self._drop(max(self._held))
+        return True
 
     def _drop(self, index: int) -> None:
         self._held.pop(index, None)
@@ -232,15 +240,15 @@ class VerifiedFile(io.RawIOBase):
         if stop is not None:
             stop.set()
 
-    def _ahead(self, index: int) -> None:
-        """Read unit ``index`` on a helper thread, unless it is held, past the end, or reads are serial."""
-        if self._serial or index >= len(self._digests) or index in self._held:
+    def _ahead(self, index: int, current: int) -> None:
+        """Read unit ``index`` on a helper thread, if it is not held, there is room, and reads are not serial."""
+        if self._serial or index >= len(self._digests) or index in self._held or not self._room(current, ahead=True):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="integrity_fs-read")
         future: Future[bytes] = Future()
-        self._keep(index, future)
-        stop = self._stops[index]
+        stop = self._stops[index] = threading.Event()
+        self._held[index] = future
 
         def run() -> None:
             try:

@@ -250,7 +250,7 @@ def hash_units(
     room = 0  # bytes the last batch may still take (4 MiB, 64 files at most)
     for unit in todo:
         small = storage.is_local(fs) and unit.length <= _SMALL and unit.length == unit.file_size
-        if small and room >= unit.length and len(tasks[-1]) < 64:
+        if small and tasks and room >= unit.length and len(tasks[-1]) < 64:
             tasks[-1].append(unit)
             room -= unit.length
         else:
