@@ -1,126 +1,96 @@
-"""Child process: run one contender, print its timings and memory as JSON on stdout.
+"""The child process that runs one contender: ``python -m benchmarks.runner SPEC_JSON``.
 
-The spec comes as JSON on stdin: ``{"contender": name, "params": {...}, "repeats": n,
-"contention_cores": x, "server_pid": pid, "import_path": dir}``. The contender's setup runs
-untimed, then one warm-up call, then timed calls. Timing excludes the interpreter's start.
-``import_path`` goes first on ``sys.path``, to benchmark another copy of integrity_fs.
+SPEC is ``{"contender": name, "params": {...}, "import_path": dir or null}``. The contender's
+setup runs first (untimed); the child then prints one JSON line and answers each line it reads on
+stdin: ``call`` runs the contender's ``reset`` (untimed, if it has one) and then the contender
+once, timed, and prints ``{"wall": s, "extra": {...}}``; ``quit`` prints the peak RSS and exits.
+The parent decides when each call runs, so that the calls of a group's contenders alternate, and
+measures the child from outside (CPU and I/O in ``/proc/<pid>``): see ``harness.py``.
 
-The machine may be shared: each timed call also records the CPU time every other process spent
-meanwhile (from ``/proc/stat``), apart from ``server_pid`` (the process running the local S3
-server), whose CPU time is recorded on its own. A call during which other processes kept more
-than ``contention_cores`` cores busy is counted but not used, and calls continue (within a time
-budget) until ``repeats`` clean ones are in; if fewer than 3 are clean, all calls are used and
-the result says so.
-
-Peak memory is ``VmHWM`` of ``/proc/self/status``, not ``ru_maxrss``: the latter keeps the
-high-water mark of the image before ``exec``, i.e. of the parent that spawned this child. For
-contenders that run a subprocess, their ``run()`` returns that subprocess's ``VmHWM`` in KiB.
+A contender whose package or tool is missing prints ``{"skipped": reason}`` and exits 0.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import resource
 import sys
 import time
+import traceback
 from typing import Any
 
-from benchmarks.contenders import CONTENDERS, vm_hwm_kib
+#: The install line for each package a contender may lack.
+HINTS = {
+    "model_signing": "pip install -e '.[bench]'",
+    "OpenSSL": "pip install -e '.[bench]'",
+    "blake3": "pip install -e '.[blake3]'",
+    "awscrt": "pip install -e '.[crc]'",
+    "safetensors": "pip install -e '.[hf]'",
+    "torch": "pip install -e '.[torch]' (or keep the torch you have: pip install numpy)",
+    "numpy": "pip install numpy",
+    "s3fs": "pip install -e '.[s3]'",
+    "moto": "pip install -e '.[demo]'",
+    "integrity_fs": "run from the repository root, or pip install -e .",
+}
 
 
-def _cpu_s(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
+def skip_reason(error: BaseException) -> str | None:
+    """Why a contender cannot run here (a missing package, tool or feature), or None for a failure."""
+    if isinstance(error, ImportError):
+        name = (getattr(error, "name", None) or "").split(".")[0]
+        if name == "integrity_fs":
+            return f"this integrity_fs has no {error.name}"
+        return f"{name or error} is not installed: {HINTS.get(name, f'pip install {name}')}"
+    if isinstance(error, NotImplementedError) and "install" in str(error):
+        return str(error)
+    from benchmarks.contenders import Skip
+
+    return str(error) if isinstance(error, Skip) else None
 
 
-def system_busy_s() -> float:
-    """CPU seconds all processes have spent busy since boot (``/proc/stat``), 0 where unknown."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+def vm_kib(key: str) -> int:
+    """``VmHWM`` (peak) or ``VmRSS`` of this process, in KiB."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(key)).split()[1])
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds process ``pid`` has used (``/proc/<pid>/stat``), 0 if unknown or None."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _contended(other_cpu_s: float, wall_s: float, cores: float | None) -> bool:
-    # /proc/stat counts in 10 ms ticks: allow two ticks of slack on short calls.
-    return cores is not None and other_cpu_s > cores * wall_s + 0.02
-
-
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    if spec.get("import_path"):
-        sys.path.insert(0, spec["import_path"])
-    module, _, _ = spec["contender"].rpartition(":")
-    if module:  # "benchmarks.attested:seal": a contender that module registers when imported
-        importlib.import_module(module)
-    contender = CONTENDERS[spec["contender"]]
-    server = spec.get("server_pid")
-    who = resource.RUSAGE_CHILDREN if contender.external else resource.RUSAGE_SELF
-    repeats = max(3, int(spec.get("repeats", 5)))
-    cores = spec.get("contention_cores")
-    rss_start = vm_hwm_kib(os.getpid())
-    run = contender.factory(**spec.get("params", {}))
-    rss_ready = 0 if contender.external else vm_hwm_kib(os.getpid())
-
-    started = time.perf_counter()
-    peak = run()
-    warmup_s = time.perf_counter() - started
-    budget_s = max(5.0, min(40.0, (repeats + 3) * warmup_s))
-    deadline = time.perf_counter() + budget_s
-
-    calls: list[tuple[float, float, float, float]] = []  # (wall, own cpu, others' cpu, server cpu)
-    external_peak = int(peak) if contender.external else 0  # type: ignore[call-overload]
-    while True:
-        # The last call's result must not live through the next one: a seal returns its Manifest,
-        # ~40 MB for 100,000 files, which would count in the next call's peak RSS.
-        peak = None
-        cpu_before, busy_before, server_before = _cpu_s(who), system_busy_s(), process_cpu_s(server)
-        started = time.perf_counter()
-        peak = run()
-        wall = time.perf_counter() - started
-        cpu = _cpu_s(who) - cpu_before
-        server_cpu = process_cpu_s(server) - server_before
-        calls.append((wall, cpu, max(0.0, system_busy_s() - busy_before - cpu - server_cpu), server_cpu))
-        if contender.external:
-            external_peak = max(external_peak, int(peak))  # type: ignore[call-overload]
-        clean = [c for c in calls if not _contended(c[2], c[0], cores)]
-        if len(clean) >= repeats or (len(calls) >= 3 and time.perf_counter() > deadline):
-            break
-    used = clean if len(clean) >= 3 else calls
-    return {
-        "times_s": [c[0] for c in used],
-        "cpu_s": [c[1] for c in used],
-        "other_cpu_s": [c[2] for c in used],
-        "server_cpu_s": [c[3] for c in used],
-        "calls": len(calls),
-        "dropped": len(calls) - len(used),
-        "contended": len(used) > len(clean),
-        "warmup_s": warmup_s,
-        "rss_start_kib": rss_start,
-        "rss_ready_kib": rss_ready,
-        "rss_peak_kib": external_peak if contender.external else vm_hwm_kib(os.getpid()),
-    }
+def reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
-    result = measure(json.load(sys.stdin))
-    sys.stdout.write(json.dumps(result) + "\n")
+    spec = json.loads(sys.argv[1])
+    if spec.get("import_path"):
+        sys.path.insert(0, spec["import_path"])
+    try:
+        from benchmarks.contenders import CONTENDERS
+
+        made = CONTENDERS[spec["contender"]](**spec.get("params", {}))
+    except Exception as error:
+        reason = skip_reason(error)
+        if reason is None:
+            reply({"error": "".join(traceback.format_exception_only(error)).strip()[-1500:]})
+            sys.exit(1)
+        reply({"skipped": reason})
+        return
+    run, reset = made if isinstance(made, tuple) else (made, None)
+    reply({"ready": True, "rss_kib": vm_kib("VmHWM:")})
+    for line in sys.stdin:
+        if line.strip() != "call":
+            break
+        try:
+            if reset is not None:
+                reset()
+            started = time.perf_counter()
+            out = run()
+            wall = time.perf_counter() - started
+        except Exception as error:
+            traceback.print_exc(file=sys.stderr)
+            reply({"error": "".join(traceback.format_exception_only(error)).strip()[-1500:]})
+            sys.exit(1)
+        reply({"wall": wall, "extra": out if isinstance(out, dict) else {}})
+        out = None  # the result of one call must not count in the next one's memory
+    reply({"rss_peak_kib": vm_kib("VmHWM:")})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple, Protocol
 
 __all__ = [
     "ALGORITHMS",
+    "check_granularity",
+    "check_signable",
     "DEFAULT_CHUNK_SIZE",
     "GRANULARITIES",
     "Hasher",
@@ -182,3 +184,10 @@ class StreamDigest:
         if self.chunk_size is None:
             return units[0]
         return combine(self.algorithm, units, self.size, self.chunk_size)
+
+
+def check_signable(algorithm: str) -> None:
+    """Signatures carry SHA-256 digests (model_signing's format): ``ValueError`` for any other."""
+    if algorithm != "sha256":
+        kind = "a CRC only detects accidental damage" if is_crc(algorithm) else "model_signing signs SHA-256"
+        raise ValueError(f"cannot sign a {algorithm} manifest: {kind}; seal with algorithm='sha256' to sign")

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from .hashing import ALGORITHMS, DEFAULT_CHUNK_SIZE, check_granularity, is_crc, new_hasher
+from .hashing import ALGORITHMS, DEFAULT_CHUNK_SIZE, check_granularity, check_signable, new_hasher
 from .manifest import Manifest
 
 __all__ = ["SealKeywords", "SealOptions", "VerifyKeywords", "VerifyOptions", "count", "flag"]
@@ -165,10 +165,3 @@ class SealOptions:
             from .signing import load_private_key
 
             object.__setattr__(self, "private_key", load_private_key(self.private_key))
-
-
-def check_signable(algorithm: str) -> None:
-    """Signatures carry SHA-256 digests (model_signing's format): ``ValueError`` for any other."""
-    if algorithm != "sha256":
-        kind = "a CRC only detects accidental damage" if is_crc(algorithm) else "model_signing signs SHA-256"
-        raise ValueError(f"cannot sign a {algorithm} manifest: {kind}; seal with algorithm='sha256' to sign")

@@ -324,9 +324,10 @@ def prune_root(
         judged[name] = j
         if good and j.verdict in GOOD:
             kept.append(name)
-    doomed: list[str] = []
+    # A folder a prune began to delete (marked) is finished whatever else is decided.
+    doomed = {n for n in order if judged[n].verdict == "deleting" and n not in kept and n not in keep}
     if len(kept) < keep_last:
-        log.warning("%d of the checkpoints under %s verify, fewer than keep_last=%d: nothing deleted", len(kept), printable(storage.describe(fs, root)), keep_last)
+        log.warning("%d of the checkpoints under %s verify, fewer than keep_last=%d: no checkpoint deleted", len(kept), printable(storage.describe(fs, root)), keep_last)
     else:
         oldest = steps[kept[-1]]
         times = [judged[n].time for n in kept]
@@ -336,17 +337,15 @@ def prune_root(
             older = steps[name] < oldest and j.time is not None and first_kept is not None and j.time <= first_kept
             if name in kept or name in keep:
                 continue
-            if j.verdict == "deleting" or (older and j.verdict != "changing" and (unsealed or j.verdict != "unsealed")):
-                doomed.append(name)
+            if older and j.verdict != "changing" and (unsealed or j.verdict != "unsealed"):
+                doomed.add(name)
+    doomed = [n for n in order if n in doomed]
     freed = sum(judged[n].bytes for n in doomed)
     if delete and not dry_run:
         for name in doomed:
             delete_checkpoint(fs, storage.join(root, name))
             log.info("deleted %s", printable(storage.describe(fs, storage.join(root, name))))
-        for name, dead in staging.leftovers(fs, root).items():
-            if dead:
-                staging.remove_tree(fs, storage.join(root, name))
-                log.info("deleted %s, left by a killed transfer", printable(name))
+        staging.clear(fs, root)
     urls = {n: _url(fs, storage.join(root, n)) for n in order}
     return PruneResult(
         kept=tuple(urls[n] for n in kept),

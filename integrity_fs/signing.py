@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ManifestError, SignatureError
-from .hashing import chunk_range, combine, is_crc
+from .hashing import check_signable, chunk_range, combine, is_crc
 from .manifest import MANIFEST_FILENAME, Manifest, check_name, parse_json
-from .options import check_signable
 from .report import Problem, Report, printable, shortened
 
 if TYPE_CHECKING:

@@ -23,7 +23,8 @@ from . import storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .hashing import Unit, chunk_range, combine, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
-from .options import SealOptions, VerifyOptions, check_signable
+from .hashing import check_signable
+from .options import SealOptions, VerifyOptions
 from .report import Problem, Report, printable, shortened
 from .storage import URL, Stat
 from .work import Progress, log_done, run_parallel, workers_for

@@ -1,6 +1,7 @@
 """What the tests of the command line share: ``integrity-fs ARGS`` in this process (``cli``) or as
 a real process (``cli_process``, ``run_on_terminal``), a small checkpoint (the ``ckpt``, ``sealed``
-and ``s3`` fixtures), signing keys, and another writer at work while a command reads."""
+and ``s3`` fixtures of conftest.py), signing keys, and ``shifting://``: an fsspec filesystem
+registered for the tests whose files change, or fail, while a command reads them."""
 
 from __future__ import annotations
 
@@ -14,33 +15,21 @@ import random
 import struct
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from integrity_fs import MANIFEST_FILENAME
 from integrity_fs.cli import main
 
 TIMEOUT_S = 120
 
-
-COMMANDS = [
-    "seal",
-    "sign",
-    "verify",
-    "show",
-    "export",
-    "status",
-    "latest",
-    "prune",
-    "download",
-    "upload",
-    "copy",
-    "demo",
-]
-
+COMMANDS = ["seal", "sign", "verify", "show", "export", "status", "latest", "prune", "download", "upload", "copy", "demo"]
 
 FILES = {
     "model.bin": random.Random(1).randbytes(300_000),
@@ -99,9 +88,8 @@ def cli_process(*args: str, timeout: float = TIMEOUT_S, code: str = "") -> subpr
     """``python -m integrity_fs ARGS`` as a real process (``code``: Python run first, in the same process)."""
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     run = "import runpy, sys; sys.argv[0] = 'integrity-fs'; runpy.run_module('integrity_fs', run_name='__main__')"
-    command = ["-c", f"{code}\n{run}"]
     return subprocess.run(
-        [sys.executable, *command, *args],
+        [sys.executable, "-c", f"{code}\n{run}", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -116,7 +104,7 @@ def error_lines(proc: Result | subprocess.CompletedProcess[str]) -> list[str]:
 
 def stderr_pair(proc: Result | subprocess.CompletedProcess[str]) -> tuple[str, str]:
     """The two stderr lines every error prints: what failed, then the hint."""
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("integrity-fs: ")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(("integrity-fs: error: ", "integrity-fs: hint: "))]
     assert len(lines) == 2, proc.stderr
     assert lines[0].startswith("integrity-fs: error: ") and lines[1].startswith("integrity-fs: hint: ")
     return lines[0], lines[1]
@@ -183,38 +171,7 @@ def make_keys(directory: Path, name: str = "signing-key") -> KeyPair:
     return pair
 
 
-class RewriteOnFirstBytes:
-    """A progress callback that, when the first bytes are counted, replaces ``victims`` with new
-    files (their bytes, or ``data``): another writer at work while the command reads. The CLI
-    passes its progress callback to the library, so this is the CLI's own read that sees it."""
-
-    def __init__(self, victims: list[Path], data: bytes | None = None) -> None:
-        self.victims, self.data, self.done = victims, data, False
-
-    def set_size(self, size: int) -> None:
-        pass
-
-    def relative_update(self, inc: int = 1) -> None:
-        if self.done:
-            return
-        self.done = True
-        for victim in self.victims:
-            fresh = victim.with_name(victim.name + ".new")
-            fresh.write_bytes(victim.read_bytes() if self.data is None else self.data)
-            os.replace(fresh, victim)  # a new inode: seen however fine the clock
-
-
-def rewrite_while_read(monkeypatch: pytest.MonkeyPatch, victims: list[Path], data: bytes | None = None) -> None:
-    from integrity_fs.cli import output
-
-    @contextlib.contextmanager
-    def progress(args: Any, desc: str, *, enabled: bool = True) -> Any:
-        yield RewriteOnFirstBytes(victims, data)
-
-    monkeypatch.setattr(output, "progress", progress)
-
-
-#: Files read in several blocks: progress is counted, and another writer can act, mid-read.
+#: Files read in several blocks.
 LARGE = {"model.bin": random.Random(3).randbytes(3 << 20), "optim.bin": random.Random(4).randbytes(2 << 20)}
 
 
@@ -223,3 +180,69 @@ def write_large(root: Path) -> Path:
     for name, data in LARGE.items():
         (root / name).write_bytes(data)
     return root
+
+
+class Shifting(MemoryFileSystem):
+    """``shifting://``: memory:// under its own name and store, whose files carry an ETag (the
+    version integrity_fs pins reads to). Reading a file whose path holds one of ``change`` moves
+    its ETag on (another writer at work while the command reads); reading one whose path holds one
+    of ``fail`` raises EIO; each of ``on_write`` runs (given the path) when a file is opened for writing."""
+
+    protocol = ("shifting",)
+    store: dict[str, Any] = {}
+    pseudo_dirs = [""]
+    change: tuple[str, ...] = ()
+    fail: tuple[str, ...] = ()
+    on_write: list[Callable[[str], None]] = []
+    versions: dict[str, int] = {}
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        return str(super()._strip_protocol(str(path).replace("shifting://", "memory://", 1)))
+
+    def _tagged(self, info: dict[str, Any]) -> dict[str, Any]:
+        return {**info, "ETag": f"v{self.versions.get(info['name'], 0)}"} if info.get("type") == "file" else info
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        out = super().ls(path, detail=detail, **kwargs)
+        return [self._tagged(info) for info in out] if detail else out
+
+    def find(self, path: str, maxdepth: Any = None, withdirs: bool = False, detail: bool = False, **kwargs: Any) -> Any:
+        out = super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        return {name: self._tagged(info) for name, info in out.items()} if detail else out
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return self._tagged(super().info(path, **kwargs))
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> bytes:
+        name = self._strip_protocol(path)
+        if any(part in name for part in self.fail):
+            raise OSError(errno.EIO, "Input/output error", name)
+        data: bytes = super().cat_file(path, start=start, end=end, **kwargs)
+        if any(part in name for part in self.change):
+            self.versions[name] = self.versions.get(name, 0) + 1
+        return data
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        for hook in self.on_write if "w" in mode else ():
+            hook(path)
+        return super()._open(path, mode=mode, **kwargs)
+
+
+@pytest.fixture
+def shifting() -> Iterator[type[Shifting]]:
+    """``shifting://`` registered for the test, empty, its files holding still until told otherwise."""
+    fsspec.register_implementation("shifting", Shifting, clobber=True)
+    yield Shifting
+    Shifting.store.clear()
+    Shifting.pseudo_dirs[:] = [""]
+    Shifting.versions.clear()
+    Shifting.on_write.clear()
+    Shifting.change, Shifting.fail = (), ()
+
+
+def put_tree(fs_cls: type[Shifting], root: str, files: dict[str, bytes]) -> None:
+    """``files`` under ``root`` (a path inside shifting://)."""
+    fs = fsspec.filesystem("shifting")
+    for name, data in files.items():
+        fs.pipe_file(f"{root}/{name}", data)

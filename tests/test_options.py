@@ -4,7 +4,6 @@ made (before anything is read), take keywords only, and mean what the keywords o
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,21 @@ CHUNK = 64 * 1024
     ("make", "error", "match"),
     [
         (lambda: SealOptions(chunk_size=0), ValueError, "chunk_size"),
-        (lambda: SealOptions(granularity="chunk", chunk_size=True), ValueError, "chunk_size"),
+        (lambda: SealOptions(granularity="chunk", chunk_size=True), TypeError, "chunk_size"),
+        (lambda: SealOptions(granularity="chunk", chunk_size=1.5), TypeError, "chunk_size"),
         (lambda: SealOptions(granularity="file", chunk_size=CHUNK), ValueError, "chunk_size"),
         (lambda: SealOptions(algorithm="md5"), NotImplementedError, "md5"),
         (lambda: SealOptions(granularity="block"), NotImplementedError, "block"),
+        (lambda: SealOptions(overwrite="yes"), TypeError, "overwrite"),
+        (lambda: SealOptions(max_workers=0), ValueError, "max_workers"),
         (lambda: SealOptions(private_key="/no/such/key.pem"), (ValueError, OSError), "key"),
-        (lambda: VerifyOptions(attested="yes"), ValueError, "attested"),
+        (lambda: SealOptions(callback=print), TypeError, "callback"),
+        (lambda: VerifyOptions(attested="yes"), TypeError, "attested"),
+        (lambda: VerifyOptions(attested="crc"), TypeError, "attested"),
+        (lambda: VerifyOptions(quick=1), TypeError, "quick"),
+        (lambda: VerifyOptions(strict="false"), TypeError, "strict"),
+        (lambda: VerifyOptions(max_workers=2.0), TypeError, "max_workers"),
+        (lambda: VerifyOptions(quick=True, attested=True), ValueError, "quick"),
         (lambda: VerifyOptions(manifest_format="xml"), ValueError, "xml"),
         (lambda: VerifyOptions(manifest=""), ValueError, "empty"),
         (lambda: VerifyOptions(manifest=3), TypeError, "manifest"),
@@ -52,29 +60,43 @@ def test_seal_options_fill_in_the_default_chunk_size() -> None:
     assert SealOptions().chunk_size is None
 
 
-def test_the_collectives_take_options_or_keywords_never_both(backend: Backend) -> None:
-    """Without a process group the collectives are the local functions: an options object made once
-    seals and verifies as the same keywords do, on a real store."""
+def test_verify_and_seal_refuse_a_bad_keyword_before_reading_anything(backend: Backend) -> None:
+    """The keywords are the options' fields, checked by type: a truthy string never turns a hash
+    into a size check, and an unknown keyword is a ``TypeError``."""
+    backend.write("w.bin", bytes(range(256)) * 16)
+    where = {"storage_options": backend.storage_options}
+    ifs.seal(backend.url, **where)
+    backend.corrupt("w.bin")
+    loose: Any = ifs
+    with pytest.raises(TypeError, match="quick"):
+        loose.verify(backend.url, quick="false", **where)
+    with pytest.raises(TypeError):
+        loose.verify(backend.url, no_such_option=True, **where)
+    with pytest.raises(TypeError, match="overwrite"):
+        loose.seal(backend.url, overwrite="true", **where)
+    with pytest.raises(ifs.IntegrityError):  # nothing re-sealed the damage
+        ifs.verify(backend.url, **where)
+
+
+def test_the_collectives_take_the_same_keywords_without_a_process_group(backend: Backend) -> None:
+    """Without a process group the collectives are the local functions: the same keywords seal
+    and verify as ``seal`` and ``verify`` do, on a real store, and are checked the same way."""
     backend.write("w.bin", bytes(range(256)) * 1024)
     where = {"storage_options": backend.storage_options}
-    sealing = SealOptions(granularity="chunk", chunk_size=CHUNK)
-    manifest = collectives.seal(backend.url, options=sealing, **where)
+    manifest = collectives.seal(backend.url, granularity="chunk", chunk_size=CHUNK, **where)
     assert (manifest.granularity, manifest.chunk_size) == ("chunk", CHUNK)
     assert ifs.read_manifest(backend.url, **where) == manifest
 
-    checks = VerifyOptions(strict=True)
-    assert collectives.verify(backend.url, options=checks, **where).files_checked == 1
+    assert collectives.verify(backend.url, strict=True, **where).files_checked == 1
     backend.write("extra.bin", b"x")
     with pytest.raises(ifs.IntegrityError, match="extra"):
-        collectives.verify(backend.url, options=checks, **where)
-    assert collectives.verify(backend.url, options=dataclasses.replace(checks, strict=False), **where).ok
-
-    with pytest.raises(TypeError, match="not both"):
-        collectives.verify(backend.url, options=checks, strict=True, **where)
-    with pytest.raises(TypeError, match="VerifyOptions"):
-        collectives.verify(backend.url, options=sealing, **where)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="not both"):
-        collectives.seal(backend.url, options=sealing, overwrite=True, **where)
+        collectives.verify(backend.url, strict=True, **where)
+    assert collectives.verify(backend.url, **where).ok
+    loose: Any = collectives
+    with pytest.raises(TypeError, match="strict"):
+        loose.verify(backend.url, strict="yes", **where)
+    with pytest.raises(TypeError, match="overwrite"):
+        loose.seal(backend.url, overwrite=1, **where)
 
 
 def test_an_options_object_carries_a_loaded_key(tmp_path: Path) -> None:
@@ -93,12 +115,12 @@ def test_an_options_object_carries_a_loaded_key(tmp_path: Path) -> None:
     assert isinstance(sealing.private_key, ec.EllipticCurvePrivateKey)
     with pytest.raises(ValueError, match="sha256"):
         SealOptions(algorithm="blake3", private_key=tmp_path / "key.pem")  # only SHA-256 manifests are signed
+    checks = VerifyOptions(public_key=tmp_path / "key.pub", expected_name="ckpt")
+    assert isinstance(checks.public_key, ec.EllipticCurvePublicKey)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "w.bin").write_bytes(b"weights")
-    collectives.seal(ckpt, options=sealing)
-    checks = VerifyOptions(public_key=tmp_path / "key.pub", expected_name="ckpt")
-    assert isinstance(checks.public_key, ec.EllipticCurvePublicKey)
-    assert collectives.verify(ckpt, options=checks).ok
+    ifs.seal(ckpt, private_key=tmp_path / "key.pem")
+    assert ifs.verify(ckpt, public_key=tmp_path / "key.pub", expected_name="ckpt").ok
     with pytest.raises(ifs.SignatureError):
-        collectives.verify(ckpt, options=dataclasses.replace(checks, expected_name="other"))
+        ifs.verify(ckpt, public_key=tmp_path / "key.pub", expected_name="other")

@@ -27,7 +27,7 @@ EXTRAS = {"s3fs": "s3", "gcsfs": "gcs", "tqdm": "progress", "torch": "torch", "n
 #: Each local path the user typed, absolute → as typed (see :func:`tidy`); set per command.
 TYPED: dict[str, str] = {}
 _DIGEST = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{48}([0-9a-f]{8})\b")
-_FLAGS = [(re.compile(r"overwrite=True \(CLI --force\)"), "--force"), (re.compile(r"\bpattern=(?='|\s|\))"), "--pattern ")]
+_FLAGS = [(re.compile(r"overwrite=True \(CLI --force\)"), "--force"), (re.compile(r"\bpattern=(?=')"), "--pattern "), (re.compile(r"\bpattern=(?=[\s)])"), "--pattern")]
 
 
 class UsageError(Exception):
