@@ -1,385 +1,357 @@
-"""The contenders: each a factory that does its setup (imports, listing) untimed and returns the
-zero-argument callable that ``runner`` times.
+"""The contenders: each a factory that does its setup untimed (imports, listing, buffers, state
+dicts) and returns the callable a ``benchmarks.runner`` child times, or ``(call, reset)`` where
+``reset`` runs untimed before each call (a fresh destination). Everything goes through
+integrity_fs's public API; the peers are what a user would write in a few lines.
 
-Imports of third-party packages happen inside the factories, so that a child's RSS before the
-work shows what its imports cost, and the idle baseline is the bare interpreter.
+A missing package raises ``ImportError`` (the runner turns it into a skipped row with the install
+line); a missing tool raises ``Skip``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-Run = Callable[[], object]
 MiB = 1024 * 1024
+CONTENDERS: dict[str, Callable[..., Any]] = {}
 
 
-@dataclass(frozen=True)
-class Contender:
-    """``factory(**params)`` returns the timed callable; ``external``: the work runs in a
-    subprocess, so its peak RSS is that of the children."""
-
-    factory: Callable[..., Run]
-    external: bool = False
+class Skip(Exception):
+    """The contender cannot run here (a tool is missing); the message says what to install."""
 
 
-CONTENDERS: dict[str, Contender] = {}
-
-
-def contender(name: str, *, external: bool = False) -> Callable[[Callable[..., Run]], Callable[..., Run]]:
-    def register(factory: Callable[..., Run]) -> Callable[..., Run]:
-        CONTENDERS[name] = Contender(factory, external)
+def contender(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(factory: Callable[..., Any]) -> Callable[..., Any]:
+        CONTENDERS[name] = factory
         return factory
 
     return register
 
 
-def vm_hwm_kib(pid: int) -> int:
-    """Peak resident set of process ``pid`` since its ``exec`` (``VmHWM``), in KiB; 0 if gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+def list_files(directory: str) -> list[str]:
+    """The regular files directly in ``directory``, sorted, hidden and ``_`` names left out."""
+    return sorted(e.path for e in os.scandir(directory) if e.is_file() and not e.name.startswith((".", "_")))
 
 
-def list_data(directory: str) -> list[str]:
-    """Every regular file directly in ``directory``, sorted, dot files left out."""
-    return sorted(e.path for e in os.scandir(directory) if e.is_file() and not e.name.startswith("."))
-
-
-def _sha256_range(path: str, offset: int, length: int, block_size: int) -> str:
-    """SHA-256 of ``length`` bytes of ``path`` from ``offset``, read with ``readinto``."""
-    hasher = hashlib.sha256()
-    buf = memoryview(bytearray(block_size))
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        remaining = length
-        while remaining:
-            n = f.readinto(buf[: min(remaining, block_size)])
-            if not n:
-                break
-            hasher.update(buf[:n])
-            remaining -= n
-    return hasher.hexdigest()
-
-
-@contender("idle")
-def idle(modules: tuple[str, ...] = ()) -> Run:
-    """An idle Python child (after importing ``modules``): the interpreter's own RSS."""
-    import importlib
-
-    for module in modules:
-        importlib.import_module(module)
-    return lambda: None
-
-
-@contender("integrity_fs")
-def integrity_fs_verify(
-    url: str,
-    *,
-    max_workers: int | None = None,
-    quick: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    storage_overrides: dict[str, int] | None = None,
-) -> Run:
-    """``integrity_fs.verify(url)``: list, compare with the manifest, rehash with its granularity.
-
-    ``storage_overrides`` patches ``integrity_fs.storage.read`` constants (``BLOCK_SIZE``,
-    ``REMOTE_BLOCK_SIZE``) for read-size experiments.
-    """
-    import integrity_fs
-    from integrity_fs.storage import read
-
-    for name, value in (storage_overrides or {}).items():
-        if not hasattr(read, name):
-            raise AttributeError(f"integrity_fs.storage.read has no {name}")
-        setattr(read, name, value)
+def _threads(threads: int, tasks: list[Any], one: Callable[[Any], object]) -> Callable[[], object]:
+    if threads == 1:
+        return lambda: [one(t) for t in tasks]
 
     def run() -> object:
-        return integrity_fs.verify(url, max_workers=max_workers, quick=quick, storage_options=storage_options)
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(one, tasks))
 
     return run
 
 
-@contender("integrity_fs-seal")
-def integrity_fs_seal(url: str, *, max_workers: int | None = None) -> Run:
-    """``integrity_fs.seal(url, overwrite=True)``: list, hash, write the manifest (the same one each call)."""
+@contender("skip")
+def skip(reason: str) -> Callable[[], object]:
+    """A row that cannot run here (its sealed copy needs a package that is missing)."""
+    raise Skip(reason)
+
+
+# Local files: integrity_fs and the loops a user would write.
+
+
+@contender("verify")
+def verify(url: str, **options: Any) -> Callable[[], object]:
+    """``integrity_fs.verify(url, **options)``: list, compare with the manifest, hash every byte."""
     import integrity_fs
 
-    def run() -> object:
-        return integrity_fs.seal(url, overwrite=True, max_workers=max_workers)
-
-    return run
+    return lambda: integrity_fs.verify(url, **options)
 
 
-@contender("walk-stat")
-def walk_stat(directory: str) -> Run:
-    """A bare ``os.walk`` + ``os.stat`` of every file: what a listing costs, the floor of ``quick=True``."""
+@contender("seal")
+def seal(url: str, signed: bool = False, **options: Any) -> Callable[[], object]:
+    """``integrity_fs.seal(url, overwrite=True, **options)``: the same manifest written each call;
+    ``signed``: with ``private_key=`` a new EC P-256 key's PEM file (``model.sig`` written too)."""
+    import integrity_fs
 
-    def run() -> object:
-        sizes = {}
-        for dirpath, _dirs, names in os.walk(directory):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                sizes[path] = os.stat(path).st_size
-        return sizes
+    if signed:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
 
-    return run
+        pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        options["private_key"] = os.path.join(os.path.dirname(url), "bench-key.pem")
+        with open(options["private_key"], "wb") as f:
+            f.write(pem)
+    return lambda: integrity_fs.seal(url, overwrite=True, **options)
 
 
-@contender("file-digest")
-def file_digest(directory: str) -> Run:
-    """One thread, ``hashlib.file_digest(f, "sha256")`` of each ``open(path, "rb")``: the two
-    lines a user would write, and the baseline of every local row."""
-    paths = list_data(directory)
+@contender("readinto")
+def readinto(directory: str, buffer_mib: int = 4) -> Callable[[], object]:
+    """One thread, one ``buffer_mib`` buffer for every file, ``f.readinto(buffer)`` to the end of
+    each: the read alone, the floor of a CRC verify."""
+    paths = list_files(directory)
+    buffer = memoryview(bytearray(buffer_mib * MiB))
 
-    def one(path: str) -> str:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+    def one(path: str) -> int:
+        with open(path, "rb", buffering=0) as f:
+            n = total = 0
+            while n := f.readinto(buffer):
+                total += n
+            return total
 
     return lambda: [one(p) for p in paths]
 
 
-@contender("file-digest-threads")
-def file_digest_threads(directory: str, *, workers: int | None = None) -> Run:
-    """``hashlib.file_digest`` of one file per task in a ThreadPoolExecutor of ``workers``
-    (default: one per core): what a user would write to use every core."""
-    paths = list_data(directory)
-    workers = workers or os.cpu_count() or 1
+@contender("file_digest")
+def file_digest(directory: str, threads: int = 1) -> Callable[[], object]:
+    """``hashlib.file_digest(open(path, "rb"), "sha256")`` per file, on ``threads`` threads, one
+    file per task: the SHA-256 floor a user would write."""
+    paths = list_files(directory)
 
     def one(path: str) -> str:
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
 
-    def run() -> object:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(one, paths))
-
-    return run
+    return _threads(threads, paths, one)
 
 
-_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+@contender("ranges")
+def ranges(directory: str, threads: int, size: int = 64 * MiB) -> Callable[[], object]:
+    """SHA-256 of every ``size`` range of every file, ``threads`` at a time: all cores on one file."""
+    tasks = [
+        (p, o, min(size, os.path.getsize(p) - o))
+        for p in list_files(directory)
+        for o in range(0, os.path.getsize(p), size)
+    ]
 
-
-def _pinned_digests(paths: list[str], sizes: list[int], buffer: memoryview) -> list[str]:
-    """Per file what a pinned read needs and nothing more: open, fstat, one read of a byte more
-    than the size, fstat, close, SHA-256."""
-    out = []
-    for path, size in zip(paths, sizes, strict=True):
-        fd = os.open(path, _FLAGS)
-        try:
-            before = os.fstat(fd)
-            n = os.readv(fd, (buffer[: size + 1],))
-            after = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if n != size or (before.st_ino, before.st_mtime_ns, before.st_ctime_ns) != (
-            after.st_ino,
-            after.st_mtime_ns,
-            after.st_ctime_ns,
-        ):
-            raise RuntimeError(f"{path} changed")
-        out.append(hashlib.sha256(buffer[:n]).hexdigest())
-    return out
-
-
-@contender("pinned-floor")
-def pinned_floor(directory: str, *, workers: int | None = None, batch: int = 64) -> Run:
-    """The floor of a pinned verify of small files: :func:`_pinned_digests` by hand on batches
-    of ``batch`` files, one batch per task on ``workers`` threads (default: one per core).
-    What the checks and the hashing cost here with no library around them."""
-    paths = list_data(directory)
-    sizes = [os.path.getsize(p) for p in paths]
-    workers = workers or os.cpu_count() or 1
-    batches = [(paths[i : i + batch], sizes[i : i + batch]) for i in range(0, len(paths), batch)]
-    largest = max(sizes, default=0)
-
-    def task(item: tuple[list[str], list[int]]) -> list[str]:
-        return _pinned_digests(item[0], item[1], memoryview(bytearray(largest + 1)))
-
-    def run() -> object:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(task, batches))
-
-    return run
-
-
-@contender("read-manifest")
-def read_manifest(url: str) -> Run:
-    """``integrity_fs.read_manifest(url)``: the manifest read, parsed strictly and validated."""
-    import integrity_fs
-
-    return lambda: integrity_fs.read_manifest(url)
-
-
-@contender("json-loads")
-def json_loads(path: str) -> Run:
-    """A bare ``json.loads`` of the manifest file's bytes: the floor of parsing it (no checks)."""
-    import json
-
-    def run() -> object:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-
-    return run
-
-
-@contender("hashlib-serial")
-def hashlib_serial(directory: str, *, block_size: int = MiB) -> Run:
-    """One thread, ``hashlib.sha256`` over each file in ``block_size`` reads into a buffer
-    allocated per file: one core's limit on large files; on small ones the allocation costs."""
-    paths = list_data(directory)
-
-    def run() -> object:
-        return [_sha256_range(p, 0, os.path.getsize(p), block_size) for p in paths]
-
-    return run
-
-
-@contender("hashlib-threads")
-def hashlib_threads(directory: str, *, workers: int | None = None, block_size: int = MiB) -> Run:
-    """A ThreadPoolExecutor of ``workers`` (default: all cores), one whole file per task."""
-    paths = list_data(directory)
-    workers = workers or os.cpu_count() or 1
-
-    def run() -> object:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda p: _sha256_range(p, 0, os.path.getsize(p), block_size), paths))
-
-    return run
-
-
-@contender("hashlib-ranges")
-def hashlib_ranges(directory: str, *, range_size: int = 64 * MiB, workers: int | None = None) -> Run:
-    """A ThreadPoolExecutor over ``range_size`` byte ranges of every file: all cores on one file."""
-    ranges: list[tuple[str, int, int]] = []
-    for path in list_data(directory):
-        size = os.path.getsize(path)
-        ranges.extend((path, offset, min(range_size, size - offset)) for offset in range(0, max(size, 1), range_size))
-    workers = workers or os.cpu_count() or 1
-
-    def run() -> object:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda r: _sha256_range(r[0], r[1], r[2], MiB), ranges))
-
-    return run
-
-
-@contender("sha256sum", external=True)
-def sha256sum(directory: str) -> Run:
-    """coreutils ``sha256sum FILE...`` in a subprocess (one thread; no SHA-NI in most builds)."""
-    return _command(["sha256sum"], directory)
-
-
-@contender("openssl", external=True)
-def openssl(directory: str) -> Run:
-    """``openssl dgst -sha256 FILE...`` in a subprocess (one thread, SHA-NI when the CPU has it)."""
-    return _command(["openssl", "dgst", "-sha256"], directory)
-
-
-@contender("b3sum", external=True)
-def b3sum(directory: str) -> Run:
-    """``b3sum FILE...`` in a subprocess (the BLAKE3 reference tool: memory-maps each file and
-    hashes it on every core)."""
-    return _command(["b3sum"], directory)
-
-
-def _command(argv: list[str], directory: str) -> Run:
-    """Run ``argv FILE...``; return its peak RSS in KiB, sampled every 2 ms while it runs."""
-    command = [*argv, *list_data(directory)]
-
-    def run() -> object:
-        peak = 0
-        with subprocess.Popen(command, stdout=subprocess.DEVNULL) as process:
-            while process.poll() is None:
-                peak = max(peak, vm_hwm_kib(process.pid))
-                time.sleep(0.002)
-        if process.returncode:
-            raise subprocess.CalledProcessError(process.returncode, argv)
-        return peak
-
-    return run
-
-
-@contender("model_signing-file")
-def model_signing_file(directory: str, *, max_workers: int | None = None) -> Run:
-    """``model_signing.hashing.Config().use_file_serialization().hash(dir)``: a digest per file,
-    files in a thread pool (its default size)."""
-    from model_signing import hashing
-
-    config = hashing.Config().use_file_serialization(max_workers=max_workers)  # type: ignore[no-untyped-call]
-    return lambda: config.hash(directory)
-
-
-@contender("model_signing-shard")
-def model_signing_shard(directory: str, *, shard_size: int = 1_000_000_000, max_workers: int | None = None) -> Run:
-    """``model_signing.hashing.Config().use_shard_serialization(shard_size=...).hash(dir)``: a
-    digest per ``shard_size`` byte range (default 1 GB), shards in a thread pool."""
-    from model_signing import hashing
-
-    config = hashing.Config().use_shard_serialization(  # type: ignore[no-untyped-call]
-        shard_size=shard_size, max_workers=max_workers
-    )
-    return lambda: config.hash(directory)
-
-
-def _s3(storage_options: dict[str, Any]) -> Any:
-    import fsspec
-
-    return fsspec.filesystem("s3", **storage_options)
-
-
-@contender("s3-stream")
-def s3_stream(
-    paths: list[str],
-    storage_options: dict[str, Any],
-    *,
-    workers: int,
-    sha256: bool = False,
-    block_size: int | None = None,
-    cache_type: str | None = None,
-) -> Run:
-    """Bare s3fs: ``with fs.open(p, "rb") as f: while f.read(1 MiB)`` per object, ``workers``
-    objects at a time; s3fs's default block size and cache unless given; optionally hashed."""
-    fs = _s3(storage_options)
-    options: dict[str, Any] = {}
-    if block_size is not None:
-        options["block_size"] = block_size
-    if cache_type is not None:
-        options["cache_type"] = cache_type
-
-    def one(path: str) -> str:
-        hasher = hashlib.sha256()
-        with fs.open(path, "rb", **options) as f:
-            while data := f.read(MiB):
-                if sha256:
-                    hasher.update(data)
+    def one(task: tuple[str, int, int]) -> str:
+        path, offset, length = task
+        hasher, buffer = hashlib.sha256(), memoryview(bytearray(4 * MiB))
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            while length > 0 and (n := f.readinto(buffer[: min(length, len(buffer))])):
+                hasher.update(buffer[:n])
+                length -= n
         return hasher.hexdigest()
 
+    return _threads(threads, tasks, one)
+
+
+@contender("walk")
+def walk(directory: str) -> Callable[[], object]:
+    """A bare ``os.walk`` + ``os.stat`` of every file: the floor of ``verify(quick=True)``."""
+    return lambda: [os.stat(os.path.join(d, n)).st_size for d, _, names in os.walk(directory) for n in names]
+
+
+@contender("model_signing")
+def model_signing(directory: str) -> Callable[[], object]:
+    """``model_signing.hashing.Config().use_file_serialization().hash(dir)`` (PyPI ``model-signing``)."""
+    from model_signing import hashing
+
+    config = hashing.Config().use_file_serialization()
+    return lambda: config.hash(directory)
+
+
+@contender("b3sum")
+def b3sum(directory: str) -> Callable[[], object]:
+    """``b3sum FILE...`` in a subprocess: the BLAKE3 reference tool (maps each file, every core)."""
+    if shutil.which("b3sum") is None:
+        raise Skip("b3sum is not on PATH: apt-get install b3sum (or cargo install b3sum)")
+    command = ["b3sum", *list_files(directory)]
+    return lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+# One file read whole into the caller's buffer.
+
+
+def _into(f: Any, buffer: memoryview) -> int:
+    done = 0
+    while done < len(buffer) and (n := f.readinto(buffer[done:])):
+        done += n
+    return done
+
+
+@contender("buffer_readinto")
+def buffer_readinto(path: str, sha256: bool = False) -> Callable[[], object]:
+    """``open(path, "rb", buffering=0)``, ``readinto`` the caller's buffer to the end (and
+    ``hashlib.sha256`` of it, on one core, with ``sha256``)."""
+    buffer = memoryview(bytearray(os.path.getsize(path)))
+
     def run() -> object:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(one, paths))
+        with open(path, "rb", buffering=0) as f:
+            n = _into(f, buffer)
+        return hashlib.sha256(buffer[:n]).hexdigest() if sha256 else n
 
     return run
 
 
-@contender("s3-cat")
-def s3_cat(paths: list[str], storage_options: dict[str, Any], *, workers: int) -> Run:
-    """Bare s3fs: ``fs.cat_file(p)`` (one GET of the whole object into memory), ``workers`` at a time."""
-    fs = _s3(storage_options)
+@contender("open_readinto")
+def open_readinto(url: str, name: str) -> Callable[[], object]:
+    """``integrity_fs.open(url, name)``, ``readinto`` the caller's buffer to the end: only verified bytes."""
+    import integrity_fs
+
+    buffer = memoryview(bytearray(os.path.getsize(os.path.join(url, name))))
 
     def run() -> object:
-        with ThreadPoolExecutor(workers) as pool:
-            return sum(len(b) for b in pool.map(fs.cat_file, paths))
+        with integrity_fs.open(url, name) as f:
+            return _into(f, buffer)
 
     return run
+
+
+# torch.distributed.checkpoint
+
+
+def state_dict(tensors: int, mib: int, *, random: bool) -> dict[str, Any]:
+    """``{"model": {layer<i>.weight: float32 tensor}}`` of ``mib`` MiB in ``tensors`` tensors."""
+    import torch
+
+    per = mib * MiB // tensors // 4
+    generator = torch.Generator().manual_seed(0)
+    make = (lambda: torch.randn(per, generator=generator)) if random else (lambda: torch.empty(per))
+    return {"model": {f"layer{i}.weight": make() for i in range(tensors)}}
+
+
+@contender("dcp_load")
+def dcp_load(url: str, tensors: int, mib: int, reader: str = "integrity_fs") -> Callable[[], object]:
+    """Load into a state dict allocated once: ``integrity_fs.dcp.load`` (``reader="integrity_fs"``),
+    plain ``torch.distributed.checkpoint.load(checkpoint_id=path)`` (``"plain"``), or plain with
+    DCP's ``FsspecReader`` (``"fsspec"``, the peer of the earlier figures)."""
+    import torch.distributed.checkpoint as dcp
+
+    target = state_dict(tensors, mib, random=False)
+    if reader == "integrity_fs":
+        from integrity_fs import dcp as verified
+
+        return lambda: verified.load(target, url)
+    if reader == "fsspec":
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return lambda: dcp.load(target, storage_reader=FsspecReader(url), no_dist=True)
+    return lambda: dcp.load(target, checkpoint_id=url, no_dist=True)
+
+
+@contender("dcp_save")
+def dcp_save(url: str, tensors: int, mib: int, **options: Any) -> tuple[Callable[[], object], Callable[[], object]]:
+    """Save to ``url`` (removed before each call, untimed): ``integrity_fs.dcp.save(**options)``, or
+    plain ``torch.distributed.checkpoint.save(checkpoint_id=url)`` with ``options={"plain": True}``."""
+    import torch.distributed.checkpoint as dcp
+
+    from integrity_fs import dcp as sealed
+
+    source, plain = state_dict(tensors, mib, random=True), options.pop("plain", False)
+
+    def run() -> object:
+        return dcp.save(source, checkpoint_id=url, no_dist=True) if plain else sealed.save(source, url, **options)
+
+    return run, lambda: shutil.rmtree(url, ignore_errors=True)
+
+
+@contender("dcp_keep_last")
+def dcp_keep_last(root: str, tensors: int, mib: int, keep_last: int, **options: Any) -> Callable[[], object]:
+    """Each call saves the next step of a run under ``root`` (emptied first) with
+    ``integrity_fs.dcp.save(..., keep_last=keep_last)``: what a training loop does."""
+    from integrity_fs import dcp as sealed
+
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    source, steps = state_dict(tensors, mib, random=True), iter(range(10**9))
+
+    def run() -> object:
+        step = next(steps)
+        sealed.save(source, os.path.join(root, f"step_{step}"), keep_last=keep_last, **options)
+        return {"checkpoints": len(os.listdir(root)), "step": step}
+
+    return run
+
+
+# safetensors
+
+
+@contender("load_file")
+def load_file(paths: list[str], copy: bool) -> Callable[[], object]:
+    """``safetensors.torch.load_file`` of each file (mapped: reads nothing until the tensors are
+    used), and with ``copy`` every tensor cloned: every byte read into memory of its own."""
+    from safetensors.torch import load_file
+
+    if copy:
+        return lambda: [{k: v.clone() for k, v in load_file(p).items()} for p in paths]
+    return lambda: [load_file(p) for p in paths]
+
+
+@contender("load_state_dict")
+def load_state_dict(url: str) -> Callable[[], object]:
+    """``integrity_fs.integrations.safetensors.load_state_dict(url)``: every byte verified."""
+    from integrity_fs.integrations.safetensors import load_state_dict
+
+    return lambda: load_state_dict(url)
+
+
+# S3 (moto): the server runs in the parent; ``options`` are the storage options that reach it.
+
+
+def _s3(options: dict[str, Any]) -> Any:
+    import fsspec
+
+    return fsspec.filesystem("s3", skip_instance_cache=True, **options)
+
+
+def _fresh(dest: str) -> Callable[[], object]:
+    return lambda: shutil.rmtree(dest, ignore_errors=True)
+
+
+@contender("download")
+def download(url: str, options: dict[str, Any], dest: str) -> tuple[Callable[[], object], Callable[[], object]]:
+    """``integrity_fs.download(url, dest)`` into a fresh ``dest``: each byte read once and checked."""
+    import integrity_fs
+
+    return lambda: integrity_fs.download(url, dest, storage_options=options), _fresh(dest)
+
+
+@contender("fs_get")
+def fs_get(url: str, options: dict[str, Any], dest: str) -> tuple[Callable[[], object], Callable[[], object]]:
+    """s3fs ``fs.get(url + "/", dest, recursive=True)`` into a fresh ``dest`` (a fresh listing each call)."""
+    fs = _s3(options)
+
+    def reset() -> None:
+        shutil.rmtree(dest, ignore_errors=True)
+        fs.invalidate_cache()
+
+    return lambda: fs.get(url.rstrip("/") + "/", dest + "/", recursive=True), reset
+
+
+@contender("upload")
+def upload(
+    src: str, url: str, options: dict[str, Any], **seal_options: Any
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    """``integrity_fs.upload(src, url, **seal_options)`` to a fresh prefix: sealed from the bytes sent."""
+    import integrity_fs
+
+    fs = _s3(options)
+    return lambda: integrity_fs.upload(src, url, storage_options=options, **seal_options), lambda: _rm(fs, url)
+
+
+@contender("fs_put")
+def fs_put(src: str, url: str, options: dict[str, Any]) -> tuple[Callable[[], object], Callable[[], object]]:
+    """s3fs ``fs.put(src + "/", url + "/", recursive=True)`` to a fresh prefix."""
+    fs = _s3(options)
+    return lambda: fs.put(src.rstrip("/") + "/", url.rstrip("/") + "/", recursive=True), lambda: _rm(fs, url)
+
+
+def _rm(fs: Any, url: str) -> None:
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+    fs.invalidate_cache()
+
+
+@contender("s3_read")
+def s3_read(url: str, options: dict[str, Any], threads: int) -> Callable[[], object]:
+    """Bare s3fs: ``with fs.open(p, "rb") as f: while f.read(1 MiB)`` per object, ``threads`` at a time."""
+    fs = _s3(options)
+    paths = [p for p in fs.find(url) if not os.path.basename(p).startswith(("_", "."))]
+
+    def one(path: str) -> int:
+        with fs.open(path, "rb") as f:
+            return sum(len(b) for b in iter(lambda: f.read(MiB), b""))
+
+    return _threads(threads, paths, one)

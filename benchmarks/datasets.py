@@ -1,12 +1,11 @@
-"""Synthetic checkpoints: random bytes generated once per (shape, seed), cached on disk, reused.
+"""Synthetic checkpoints, generated once per shape and cached (default ``/tmp/integrity_fs_bench``)::
 
-Layout under the cache root (default ``/tmp/integrity_fs_bench``)::
+    <name>/data/f0000.bin ...          random bytes (SHAKE-128 of the seed): what the bare peers read
+    <name>/sha256-file/ ...            hard links to the same inodes + a manifest (one per variant)
+    dcp-<shape>-<algorithm>/           a state dict saved by integrity_fs.dcp.save (chunk granularity)
+    safetensors-<mib>/<algorithm>/     one model.safetensors, hard-linked, sealed in chunks
 
-    <name>/data/f0000.bin ...         the bytes, no manifest: what the bare contenders read
-    <name>/sealed-file/...            hard links to the same inodes + a file-granularity manifest
-    <name>/sealed-chunk-64MiB/...     hard links + a chunk-granularity manifest (one per chunk size)
-
-Hard links give every variant its own manifest over the very same bytes (and page-cache pages).
+Hard links give every sealed variant its own manifest over the very same bytes and page-cache pages.
 """
 
 from __future__ import annotations
@@ -14,119 +13,140 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 
-import integrity_fs
+from benchmarks.harness import log
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 DEFAULT_ROOT = "/tmp/integrity_fs_bench"
-#: Bumped when the generator changes, so stale caches are not reused.
-_GENERATOR = "v1"
 _PIECE = 16 * MiB
-_DONE = ".complete"
 
 
 @dataclass(frozen=True)
 class Dataset:
     """``count`` files of ``size`` random bytes each."""
 
-    key: str
     label: str
     count: int
     size: int
-    seed: int = 0
 
     @property
     def name(self) -> str:
-        return f"{self.key}-{self.count}x{self.size}-s{self.seed}-{_GENERATOR}"
+        return f"{self.count}x{self.size}-v2"
 
     @property
-    def total_bytes(self) -> int:
+    def nbytes(self) -> int:
         return self.count * self.size
 
-    def file_names(self) -> list[str]:
-        return [f"f{i:04d}.bin" for i in range(self.count)]
+    @property
+    def title(self) -> str:
+        return f"{self.label} ({self.count} x {human(self.size)})"
 
 
-def human_size(n: int) -> str:
-    """``512 MiB``, ``1 GiB``, ``64 KiB``."""
+def human(n: int) -> str:
     for unit, factor in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if n >= factor and n % factor == 0:
             return f"{n // factor} {unit}"
     return f"{n} B"
 
 
-def shape(ds: Dataset) -> str:
-    """``4 x 512 MiB``."""
-    return f"{ds.count} x {human_size(ds.size)}"
-
-
 def data_dir(root: str, ds: Dataset) -> str:
-    return os.path.join(root, ds.name, "data")
-
-
-def data_files(root: str, ds: Dataset) -> list[str]:
-    base = data_dir(root, ds)
-    return [os.path.join(base, name) for name in ds.file_names()]
-
-
-def ensure_files(root: str, ds: Dataset) -> list[str]:
-    """The dataset's data files, generated now unless a complete copy is cached."""
-    ensure_data(root, ds)
-    return data_files(root, ds)
-
-
-def ensure_data(root: str, ds: Dataset) -> str:
-    """The dataset's data directory, generated now unless a complete copy is cached."""
-    base = data_dir(root, ds)
-    if os.path.exists(os.path.join(base, _DONE)):
-        return base
-    shutil.rmtree(os.path.join(root, ds.name), ignore_errors=True)
-    os.makedirs(base)
-    needed = ds.total_bytes + GiB
-    free = shutil.disk_usage(base).free
-    if free < needed:
-        raise SystemExit(f"not enough disk for {ds.name}: {free / GiB:.1f} GiB free, {needed / GiB:.1f} GiB needed")
-    print(f"generating {ds.label} ({shape(ds)}) in {base} ...", file=sys.stderr, flush=True)
-    for index, name in enumerate(ds.file_names()):
-        with open(os.path.join(base, name), "wb") as f:
-            for piece, offset in enumerate(range(0, ds.size, _PIECE)):
-                n = min(_PIECE, ds.size - offset)
-                f.write(hashlib.shake_128(f"{ds.seed}/{index}/{piece}".encode()).digest(n))
-    open(os.path.join(base, _DONE), "w").close()
+    """The dataset's files (no manifest), generated now unless a complete copy is cached."""
+    base = os.path.join(root, ds.name, "data")
+    done = os.path.join(root, ds.name, "complete")
+    if not os.path.exists(done):
+        shutil.rmtree(os.path.join(root, ds.name), ignore_errors=True)
+        os.makedirs(base)
+        if shutil.disk_usage(base).free < ds.nbytes + GiB:
+            raise SystemExit(f"not enough free disk under {root} for {ds.title}")
+        log(f"generating {ds.title} in {base} ...")
+        for index in range(ds.count):
+            with open(os.path.join(base, f"f{index:05d}.bin"), "wb") as f:
+                for piece, offset in enumerate(range(0, ds.size, _PIECE)):
+                    f.write(hashlib.shake_128(f"{index}/{piece}".encode()).digest(min(_PIECE, ds.size - offset)))
+        open(done, "w").close()
     return base
 
 
-def sealed_dir(root: str, ds: Dataset, chunk_size: int | None = None, algorithm: str = "sha256") -> str:
-    """A hard-linked copy of the data sealed with file granularity, or chunks of ``chunk_size``,
-    with ``algorithm``."""
-    variant = "sealed-file" if chunk_size is None else f"sealed-chunk-{human_size(chunk_size).replace(' ', '')}"
-    variant += "" if algorithm == "sha256" else f"-{algorithm}"
-    target = os.path.join(root, ds.name, variant)
-    manifest = os.path.join(target, integrity_fs.MANIFEST_FILENAME)
-    source = ensure_data(root, ds)
-    if os.path.exists(manifest):
-        return target
+def sealed(root: str, ds: Dataset, algorithm: str = "sha256", chunk_size: int | None = None) -> str:
+    """A hard-linked copy of the data sealed with ``algorithm``, in file granularity or in chunks
+    of ``chunk_size``. Raises ``NotImplementedError`` (with the install line) when the algorithm's
+    package is missing."""
+    source = data_dir(root, ds)
+    target = os.path.join(root, ds.name, algorithm + ("-file" if chunk_size is None else f"-chunk{chunk_size // MiB}"))
+    return _sealed_links(source, target, algorithm, chunk_size)
+
+
+def links(root: str, ds: Dataset, tag: str) -> str:
+    """A fresh, unsealed hard-linked copy of the data (for the seal rows, which write manifests)."""
+    target = os.path.join(root, ds.name, tag)
     shutil.rmtree(target, ignore_errors=True)
-    os.makedirs(target)
-    for name in ds.file_names():
-        os.link(os.path.join(source, name), os.path.join(target, name))
-    if chunk_size is None:
-        integrity_fs.seal(target, algorithm=algorithm)
-    else:
-        integrity_fs.seal(target, algorithm=algorithm, granularity="chunk", chunk_size=chunk_size)
+    _link(data_dir(root, ds), target)
     return target
 
 
-def warm(paths: list[str]) -> None:
-    """One untimed read of every file, so that all timings below are hot-cache."""
-    buf = bytearray(MiB)
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
+def _link(source: str, target: str) -> None:
+    os.makedirs(target)
+    for name in sorted(os.listdir(source)):
+        os.link(os.path.join(source, name), os.path.join(target, name))
+
+
+def _sealed_links(source: str, target: str, algorithm: str, chunk_size: int | None) -> str:
+    import integrity_fs
+
+    if os.path.exists(os.path.join(target, integrity_fs.MANIFEST_FILENAME)):
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    _link(source, target)
+    options = {} if chunk_size is None else {"granularity": "chunk", "chunk_size": chunk_size}
+    try:
+        integrity_fs.seal(target, algorithm=algorithm, **options)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def warm(directory: str) -> None:
+    """One untimed read of every file under ``directory``: every timing is hot-cache."""
+    buffer = bytearray(4 * MiB)
+    for base, _, names in os.walk(directory):
+        for name in names:
+            with open(os.path.join(base, name), "rb", buffering=0) as f:
+                while f.readinto(buffer):
+                    pass
+
+
+def dcp_checkpoint(root: str, tensors: int, mib: int, algorithm: str) -> str:
+    """A state dict of ``mib`` MiB in ``tensors`` tensors saved by ``integrity_fs.dcp.save`` with
+    ``algorithm`` (chunk granularity, its default)."""
+    from benchmarks.contenders import state_dict
+    from integrity_fs import MANIFEST_FILENAME, dcp
+
+    path = os.path.join(root, f"dcp-{tensors}x{mib}MiB-{algorithm}")
+    if not os.path.exists(os.path.join(path, MANIFEST_FILENAME)):
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"saving a {mib} MiB state dict in {tensors} tensors ({algorithm}) to {path} ...")
+        dcp.save(state_dict(tensors, mib, random=True), path, algorithm=algorithm)
+    return path
+
+
+def safetensors_file(root: str, mib: int, tensors: int, algorithm: str) -> str:
+    """A directory holding one ``model.safetensors`` of ``mib`` MiB in ``tensors`` float32 tensors
+    (``safetensors.torch.save_file``), sealed with ``algorithm`` in 64 MiB chunks."""
+    base = os.path.join(root, f"safetensors-{mib}MiB-{tensors}")
+    data = os.path.join(base, "data")
+    if not os.path.exists(os.path.join(data, "model.safetensors")):
+        from safetensors.torch import save_file
+
+        from benchmarks.contenders import state_dict
+
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(data)
+        save_file(state_dict(tensors, mib, random=True)["model"], os.path.join(data, "model.tmp"))
+        os.rename(os.path.join(data, "model.tmp"), os.path.join(data, "model.safetensors"))
+    return _sealed_links(data, os.path.join(base, algorithm), algorithm, 64 * MiB)
 
 
 def clean(root: str) -> None:

@@ -23,6 +23,7 @@ HINTS = {
     "model_signing": "pip install -e '.[bench]'",
     "OpenSSL": "pip install -e '.[bench]'",
     "blake3": "pip install -e '.[blake3]'",
+    "cryptography": "pip install -e '.[sign]'",
     "awscrt": "pip install -e '.[crc]'",
     "safetensors": "pip install -e '.[hf]'",
     "torch": "pip install -e '.[torch]' (or keep the torch you have: pip install numpy)",
@@ -35,11 +36,13 @@ HINTS = {
 
 def skip_reason(error: BaseException) -> str | None:
     """Why a contender cannot run here (a missing package, tool or feature), or None for a failure."""
-    if isinstance(error, ImportError):
-        name = (getattr(error, "name", None) or "").split(".")[0]
+    if isinstance(error, ModuleNotFoundError):
+        name = (error.name or "").split(".")[0]
         if name == "integrity_fs":
             return f"this integrity_fs has no {error.name}"
         return f"{name or error} is not installed: {HINTS.get(name, f'pip install {name}')}"
+    if isinstance(error, ImportError):  # the package is there, without the name (another version)
+        return str(error)
     if isinstance(error, NotImplementedError) and "install" in str(error):
         return str(error)
     from benchmarks.contenders import Skip
@@ -84,7 +87,11 @@ def main() -> None:
             started = time.perf_counter()
             out = run()
             wall = time.perf_counter() - started
-        except Exception as error:
+        except Exception as error:  # a package missing only at the call (a cached copy sealed before) is a skip
+            reason = skip_reason(error)
+            if reason is not None:
+                reply({"skipped": reason})
+                return
             traceback.print_exc(file=sys.stderr)
             reply({"error": "".join(traceback.format_exception_only(error)).strip()[-1500:]})
             sys.exit(1)

@@ -1,67 +1,73 @@
-"""A local S3 (moto's ThreadedMotoServer on 127.0.0.1) holding a sealed copy of a dataset."""
+"""A local S3: moto's ThreadedMotoServer on 127.0.0.1, in this process, counting the bytes of
+object content its GETs send (what a verified transfer must read once, and only once)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
 BUCKET = "integrity-fs-bench"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Served:
+    """WSGI middleware in front of moto: bytes sent in answer to GETs of data files (not listings,
+    attributes, manifests or signatures: names starting with ``_`` or ``.``, ``model.sig``)."""
 
+    def __init__(self, app: Any) -> None:
+        self.app, self.total, self._lock = app, 0, threading.Lock()
 
-def storage_options(endpoint: str) -> dict[str, Any]:
-    # No region_name in client_kwargs: with one, bucket creation fails against moto.
-    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        body = self.app(environ, start_response)
+        query = environ.get("QUERY_STRING", "")
+        name = environ.get("PATH_INFO", "").rsplit("/", 1)[-1]
+        metadata = name.startswith(("_", ".")) or name == "model.sig" or "list-type" in query or "attributes" in query
+        if environ.get("REQUEST_METHOD") != "GET" or metadata:
+            return body
+        return self._count(body)
+
+    def _count(self, body: Any) -> Iterator[bytes]:
+        try:
+            for piece in body:
+                with self._lock:
+                    self.total += len(piece)
+                yield piece
+        finally:
+            if hasattr(body, "close"):
+                body.close()
 
 
 @contextmanager
-def moto_server(middleware: Callable[[Any], Any] | None = None) -> Iterator[dict[str, Any]]:
-    """Start moto in this process (it serves the child processes over HTTP); yield the
-    storage options that reach it, with an empty bucket ``BUCKET``. ``middleware`` wraps
-    moto's WSGI application (to count the requests it serves)."""
+def moto_server() -> Iterator[tuple[dict[str, Any], Served]]:
+    """Yield the storage options that reach the server (bucket ``BUCKET`` made) and its counter."""
     import fsspec
     from moto.server import ThreadedMotoServer
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    port = _free_port()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    if middleware is not None:
-        wsgi: Any = server._server  # werkzeug's server, which calls its ``app`` per request
-        wsgi.app = middleware(wsgi.app)
+    wsgi: Any = server._server  # werkzeug's server, which calls its ``app`` per request
+    served = wsgi.app = Served(wsgi.app)
     try:
-        options = storage_options(f"http://127.0.0.1:{port}")
-        with suppress(FileExistsError):  # moto's state is per process: an earlier server's bucket stays
+        # No region_name in client_kwargs: with one, bucket creation fails against moto.
+        options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+        with suppress(FileExistsError):
             fsspec.filesystem("s3", **options).mkdir(BUCKET)
-        yield options
+        yield options, served
     finally:
         server.stop()
 
 
-def upload(options: dict[str, Any], local_dir: str, prefix: str) -> tuple[str, list[str]]:
-    """Copy every file of ``local_dir`` (manifest included) to ``s3://BUCKET/prefix``.
-
-    Returns the checkpoint URL and the object paths of the data files (not the manifest).
-    """
-    import fsspec
-
+def upload(options: dict[str, Any], data: str, algorithm: str) -> str:
+    """``integrity_fs.upload`` of the local directory ``data`` to ``s3://BUCKET/<algorithm>``."""
     import integrity_fs
 
-    fs = fsspec.filesystem("s3", **options)
-    root = f"{BUCKET}/{prefix}"
-    data: list[str] = []
-    for name in sorted(os.listdir(local_dir)):
-        fs.put_file(os.path.join(local_dir, name), f"{root}/{name}")
-        if name != integrity_fs.MANIFEST_FILENAME:
-            data.append(f"{root}/{name}")
-    fs.invalidate_cache()
-    return f"s3://{root}", data
+    url = f"s3://{BUCKET}/{algorithm}"
+    integrity_fs.upload(data, url, storage_options=options, algorithm=algorithm)
+    return url

@@ -3,6 +3,7 @@ fsspec filesystem (local, S3, GCS, ...)."""
 
 import logging
 
+from . import formats
 from .errors import (
     CheckpointingException,
     FileChangedError,

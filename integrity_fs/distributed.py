@@ -15,21 +15,24 @@ The keywords are the local function's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
-from . import runs, storage
-from .collectives import MODES, agree, check_same, gather, group_of, rank
+from . import runs, staging, storage
+from .collectives import MODES, agree, by_rank, check_same, fingerprint, gather, group_of, logged_once, rank, ranks
 from .errors import IntegrityError
 from .hashing import plan_units
 from .manifest import MANIFEST_FILENAME, Manifest
 from .options import SealOptions, VerifyOptions, count, flag
-from .report import PruneResult, Report
+from .report import PruneResult, Report, printable
 from .storage import URL, Stat
 from .verify import attest, build_manifest, check, check_sealable, finish, hash_units, prepare, seal_root, write_sealed
 from .work import log_done
 
 __all__ = ["latest_verified", "prune", "seal", "verify"]
+
+log = logging.getLogger("integrity_fs")
 
 
 def _mode(mode: object) -> str:
@@ -38,22 +41,43 @@ def _mode(mode: object) -> str:
     return str(mode)
 
 
-def _fingerprint(options: Any) -> tuple[Any, ...]:
-    """What ranks must agree on: every option but the per-rank ones (progress, workers, a key)."""
-    skip = {"callback", "max_workers", "private_key", "public_key"}
-    return tuple((f.name, repr(getattr(options, f.name))) for f in dataclasses.fields(options) if f.name not in skip)
-
-
-def _view(fs: Any, listing: dict[str, Stat]) -> tuple[Any, ...]:
+def _view(fs: Any, listing: dict[str, Stat]) -> dict[str, tuple[int, Any]]:
     """What ranks on different machines can compare: names, sizes, and times (local) or versions."""
     local = storage.is_local(fs)
-    return tuple((n, s.size, s.mtime if local else s.version) for n, s in listing.items())
+    return {n: (s.size, s.mtime if local else s.version) for n, s in listing.items()}
+
+
+def _check_views(g: Any, fs: Any, listing: dict[str, Stat], location: str) -> None:
+    """``OSError`` on every rank, with one message, when ranks see different files (sharded mode
+    would add up digests of different copies)."""
+    seen = gather(g, (location, _view(fs, listing)))
+    views = [v for _, v in seen]
+    if all(v == views[0] for v in views):
+        return
+    groups: list[list[int]] = []
+    for r, v in enumerate(views):
+        group = next((grp for grp in groups if views[grp[0]] == v), None)
+        group.append(r) if group is not None else groups.append([r])
+    other = groups[1][0]
+    a, b = views[0], views[other]
+    name = sorted(set(a) ^ set(b) or {n for n in a if a[n] != b[n]})[0]
+    if name not in a or name not in b:
+        differs = f"{name} is on rank {0 if name in a else other} only"
+    elif a[name][0] != b[name][0]:
+        differs = f"{name} holds {a[name][0]} bytes on rank 0, {b[name][0]} on rank {other}"
+    else:
+        differs = f"{name} was written at another time (or is another version) on rank {other} than on rank 0"
+    agree_ = " | ".join(ranks(grp) for grp in groups)
+    raise OSError(
+        f"ranks see different files under {seen[0][0]} (as rank 0 names it): {differs}; ranks that agree: {agree_}. "
+        "Sharded mode needs every rank to see the same shared storage; with node-local copies, use mode='rank0'"
+    )
 
 
 def _start(g: Any, url: URL, storage_options: Any, fs: Any, mode: str, make: Any, what: str) -> tuple[Any, str, Any]:
     """The first agreement: arguments checked on every rank, then the same mode and options everywhere."""
     fs_, root, options = agree(g, lambda: (*storage.resolve(url, storage_options, fs), make(_mode(mode))))
-    check_same(g, (mode, _fingerprint(options)), f"the mode and options of {what}")
+    check_same(g, {"mode": mode, **dict(fingerprint(options))}, f"the arguments of {what}")
     return fs_, root, options
 
 
@@ -69,13 +93,30 @@ def _verify(g: Any, fs: Any, root: str, options: VerifyOptions, mode: str) -> Re
         return agree(g, lambda: check(fs, root, options), only=0)  # type: ignore[no-any-return]
     started = time.perf_counter()
     plan = agree(g, lambda: prepare(fs, root, options))
-    check_same(g, _view(fs, plan.listing), f"the files under {plan.location} (every rank must see the same storage)")
+    _check_views(g, fs, plan.listing, plan.location)
     if options.attested:
-        plan.attested = agree(g, lambda: (attest(fs, root, plan), plan.attested)[1], only=0)
+
+        def attested() -> dict[str, str]:
+            attest(fs, root, plan)
+            return dict(plan.attested)
+
+        plan.attested = agree(g, attested, only=0)
         plan.units = [u for u in plan.units if u.name not in plan.attested]
     mine = _shares(g, plan.units)
     digests: dict[Any, str] = {}
-    for part in agree(g, lambda: hash_units(fs, root, plan.manifest.algorithm, mine, plan.listing, max_workers=options.max_workers, callback=options.callback), every=True):
+    for part in agree(
+        g,
+        lambda: hash_units(
+            fs,
+            root,
+            plan.manifest.algorithm,
+            mine,
+            plan.listing,
+            max_workers=options.max_workers,
+            callback=options.callback,
+        ),
+        every=True,
+    ):
         digests.update(part)
     report = finish(plan, digests)
     if not report.ok:
@@ -84,7 +125,15 @@ def _verify(g: Any, fs: Any, root: str, options: VerifyOptions, mode: str) -> Re
     return report
 
 
-def verify(url: URL, *, group: Any = None, mode: str = "sharded", storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Any) -> Report:
+def verify(
+    url: URL,
+    *,
+    group: Any = None,
+    mode: str = "sharded",
+    storage_options: dict[str, Any] | None = None,
+    fs: Any = None,
+    **options: Any,
+) -> Report:
     """:func:`integrity_fs.verify` as a collective (see the module docstring)."""
     g = group_of(group)
     if g is None:
@@ -94,7 +143,15 @@ def verify(url: URL, *, group: Any = None, mode: str = "sharded", storage_option
     return _verify(g, fs_, root, checked, mode)
 
 
-def seal(url: URL, *, group: Any = None, mode: str = "sharded", storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Any) -> Manifest:
+def seal(
+    url: URL,
+    *,
+    group: Any = None,
+    mode: str = "sharded",
+    storage_options: dict[str, Any] | None = None,
+    fs: Any = None,
+    **options: Any,
+) -> Manifest:
     """:func:`integrity_fs.seal` as a collective: rank 0 writes the manifest once every rank's
     share is hashed; every rank returns it."""
     g = group_of(group)
@@ -107,16 +164,24 @@ def seal(url: URL, *, group: Any = None, mode: str = "sharded", storage_options:
 
     def survey() -> dict[str, Stat]:
         if not checked.overwrite and storage.exists(fs_, storage.join(root, MANIFEST_FILENAME)):
-            raise FileExistsError(f"{storage.describe(fs_, root)} is already sealed: pass overwrite=True (CLI --force) to seal it again")
+            raise FileExistsError(
+                f"{storage.describe(fs_, root)} is already sealed: pass overwrite=True (CLI --force) to seal it again"
+            )
         listing = storage.list_files(fs_, root)
         check_sealable(fs_, root, list(listing))
         return listing
 
     listing = agree(g, survey)
-    check_same(g, _view(fs_, listing), f"the files under {storage.describe(fs_, root)} (every rank must see the same storage)")
+    _check_views(g, fs_, listing, storage.describe(fs_, root))
     mine = _shares(g, plan_units({n: s.size for n, s in listing.items()}, checked.chunk_size))
     digests: dict[Any, str] = {}
-    for part in agree(g, lambda: hash_units(fs_, root, checked.algorithm, mine, listing, max_workers=checked.max_workers, callback=checked.callback), every=True):
+    for part in agree(
+        g,
+        lambda: hash_units(
+            fs_, root, checked.algorithm, mine, listing, max_workers=checked.max_workers, callback=checked.callback
+        ),
+        every=True,
+    ):
         digests.update(part)
     by_file: dict[str, list[str]] = {n: [] for n in listing}
     for unit in sorted(digests, key=lambda u: (u.name, u.index)):
@@ -124,6 +189,23 @@ def seal(url: URL, *, group: Any = None, mode: str = "sharded", storage_options:
     manifest = build_manifest(checked, {n: s.size for n, s in listing.items()}, by_file)
     agree(g, lambda: write_sealed(fs_, root, manifest, key=checked.private_key), only=0)
     return manifest
+
+
+def candidates(g: Any, fs: Any, root: str, pattern: str | None, mode: str) -> runs.Candidates:
+    """A run's checkpoints, the same on every rank: rank 0's listing in rank0 mode; in sharded
+    mode every rank lists and an ``OSError`` says when ranks see different checkpoints (a node
+    without the run's storage must never start afresh alone)."""
+    if mode == "rank0":
+        return agree(g, lambda: runs.candidates_of(fs, root, pattern), only=0)  # type: ignore[no-any-return]
+    found = agree(g, lambda: (storage.describe(fs, root), runs.candidates_of(fs, root, pattern)), every=True)
+    orders = [order for _, (order, _, _) in found]
+    if any(order != orders[0] for order in orders):
+        counts = by_rank([f"{len(order)} checkpoints" for order in orders]).replace("'", "")
+        raise OSError(
+            f"ranks see different checkpoints under {found[0][0]} (as rank 0 names it): {counts}. "
+            "Every rank must see the run's storage (a node without it would start afresh alone)"
+        )
+    return found[0][1]  # type: ignore[no-any-return]
 
 
 def _judge(g: Any, mode: str) -> Any:
@@ -139,68 +221,107 @@ def _judge(g: Any, mode: str) -> Any:
 
 
 def latest_verified(
-    root: URL, *, group: Any = None, mode: str = "sharded", pattern: str | None = None, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Any
+    root: URL,
+    *,
+    group: Any = None,
+    mode: str = "sharded",
+    pattern: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: Any = None,
+    **options: Any,
 ) -> tuple[str, Report] | None:
     """:func:`integrity_fs.latest_verified` as a collective: the same answer on every rank."""
     g = group_of(group)
     if g is None:
         _mode(mode)
         return runs.latest_verified(root, pattern=pattern, storage_options=storage_options, fs=fs, **options)
-    fs_, root_, checked = _start(g, root, storage_options, fs, mode, lambda m: VerifyOptions(**options), "latest_verified")
-    found = agree(g, lambda: runs.candidates_of(fs_, root_, pattern), only=0)
-    return runs.latest(fs_, root_, pattern, checked, _judge(g, mode), found)
+    fs_, root_, checked = _start(
+        g, root, storage_options, fs, mode, lambda m: VerifyOptions(**options), "latest_verified"
+    )
+    with logged_once(g):
+        found = candidates(g, fs_, root_, pattern, mode)
+        return runs.latest(fs_, root_, pattern, checked, _judge(g, mode), found)
 
 
-def status(root: URL, *, group: Any = None, mode: str = "sharded", pattern: str | None = None, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Any) -> list[dict[str, Any]]:
+def status(
+    root: URL,
+    *,
+    group: Any = None,
+    mode: str = "sharded",
+    pattern: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: Any = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
     """The rows of ``integrity-fs status`` (see ``runs.status``), agreed by every rank."""
     g = group_of(group)
     if g is None:
         _mode(mode)
         return runs.status(*storage.resolve(root, storage_options, fs), pattern, VerifyOptions(**options))
     fs_, root_, checked = _start(g, root, storage_options, fs, mode, lambda m: VerifyOptions(**options), "status")
-    found = agree(g, lambda: runs.candidates_of(fs_, root_, pattern), only=0)
-    from .staging import leftovers
+    with logged_once(g):
+        found = candidates(g, fs_, root_, pattern, mode)
+        left = agree(g, lambda: staging.leftovers(fs_, root_), only=0)
+        return runs.status(fs_, root_, pattern, checked, _judge(g, mode), found, left)
 
-    left = agree(g, lambda: leftovers(fs_, root_), only=0)
-    return runs.status(fs_, root_, pattern, checked, _judge(g, mode), found, left)
 
-
-def prune(
-    root: URL,
-    *,
-    group: Any = None,
-    mode: str = "sharded",
-    keep_last: int,
-    pattern: str | None = None,
-    unsealed: bool = False,
-    dry_run: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    fs: Any = None,
-    **options: Any,
-) -> PruneResult:
+def prune(root: URL, *, group: Any = None, mode: str = "sharded", **kw: Any) -> PruneResult:
     """:func:`integrity_fs.prune` as a collective: verdicts agreed by every rank, rank 0 deletes,
-    the same result or the same error everywhere."""
+    the same result or the same error everywhere. ``kw``: ``prune``'s (``keep_last``, ``pattern``,
+    ``unsealed``, ``dry_run``, ``storage_options``, ``fs``, and the verify options)."""
     g = group_of(group)
     if g is None:
         _mode(mode)
-        return runs.prune(root, keep_last=keep_last, pattern=pattern, unsealed=unsealed, dry_run=dry_run, storage_options=storage_options, fs=fs, **options)
+        return runs.prune(root, **kw)
+    return _prune(g, root, mode, kw)
+
+
+_PRUNING = ("keep_last", "pattern", "unsealed", "dry_run", "storage_options", "fs")
+
+
+def _prune(g: Any, root: URL, mode: str, kw: dict[str, Any]) -> PruneResult:
+    """The collective prune over ``g`` (``kw``: ``prune``'s keywords)."""
+    keep_last, pattern = kw.get("keep_last"), kw.get("pattern")
+    unsealed, dry_run = kw.get("unsealed", False), kw.get("dry_run", False)
 
     def make(m: str) -> VerifyOptions:
+        if "keep_last" not in kw:
+            raise TypeError("prune() needs keep_last")
         count("keep_last", keep_last, optional=False)
         flag("unsealed", unsealed)
         flag("dry_run", dry_run)
-        return VerifyOptions(**options)
+        return VerifyOptions(**{k: v for k, v in kw.items() if k not in _PRUNING})
 
-    fs_, root_, checked = _start(g, root, storage_options, fs, mode, make, "prune")
-    check_same(g, (keep_last, pattern, unsealed, dry_run), "the arguments of prune")
-    found = agree(g, lambda: runs.candidates_of(fs_, root_, pattern), only=0)
-    planned = runs.prune_root(fs_, root_, keep_last=keep_last, pattern=pattern, unsealed=unsealed, dry_run=True, options=checked, judge_fn=_judge(g, mode), candidates=found)
+    fs_, root_, checked = _start(g, root, kw.get("storage_options"), kw.get("fs"), mode, make, "prune")
+    check_same(
+        g,
+        {"keep_last": keep_last, "pattern": pattern, "unsealed": unsealed, "dry_run": dry_run},
+        "the arguments of prune",
+    )
+    assert isinstance(keep_last, int)  # checked by make() on every rank
+    with logged_once(g):
+        found = candidates(g, fs_, root_, pattern, mode)
+        planned = runs.prune_root(
+            fs_,
+            root_,
+            keep_last=keep_last,
+            pattern=pattern,
+            unsealed=unsealed,
+            dry_run=True,
+            options=checked,
+            judge_fn=_judge(g, mode),
+            candidates=found,
+        )
     if dry_run:
         return planned
 
     def delete() -> PruneResult:
         for url in planned.deleted:
             runs.delete_checkpoint(fs_, storage.join(root_, url.rstrip("/").rsplit("/", 1)[-1]))
+            log.info("deleted %s", printable(url))
+        for name, dead in staging.leftovers(fs_, root_).items():  # as the local prune does
+            if dead:
+                staging.remove_tree(fs_, storage.join(root_, name))
         return dataclasses.replace(planned, dry_run=False)
 
     return agree(g, delete, only=0)  # type: ignore[no-any-return]

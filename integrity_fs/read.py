@@ -18,6 +18,7 @@ unit at a time.
 from __future__ import annotations
 
 import io
+import operator
 import os
 import tempfile
 import threading
@@ -35,7 +36,7 @@ __all__ = ["VerifiedFile", "open"]
 
 #: The largest file-granularity file held whole; larger ones are spooled.
 WHOLE_FILE_LIMIT = hashing.DEFAULT_CHUNK_SIZE
-_HELD = 3
+_HELD = 3  # the unit being read, the end of a region looked at first (torch.load's zip), one read ahead
 
 
 def open(
@@ -90,7 +91,7 @@ class VerifiedFile(io.RawIOBase):
             self._unit, self._digests = chunk, manifest.chunks[name]
         self._chunked = chunk is not None
         self._lock = threading.RLock()
-        self._held: dict[int, Future[bytes]] = {}
+        self._held: dict[int, Future[bytearray]] = {}
         self._stops: dict[int, threading.Event] = {}
         self._closing = threading.Event()
         self._serial = storage.under_cache(fs) is not fs
@@ -113,7 +114,7 @@ class VerifiedFile(io.RawIOBase):
         return self._position
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        offset, whence = int.__index__(offset), int.__index__(whence)
+        offset, whence = operator.index(offset), operator.index(whence)
         with self._lock:
             self._check_open()
             base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}.get(whence)
@@ -142,12 +143,37 @@ class VerifiedFile(io.RawIOBase):
         index = self._position // self._unit
         start, end = hashing.chunk_range(self.size, self._unit, index)
         if self._position == start and len(view) >= end - start and index not in self._held:
-            self._check(index, self._hash(start, view[: end - start], self._closing))  # in place
-            return end - start
+            return self._read_whole_units_into(view, index)
         data = self._verified(index)
         n = min(len(view), end - self._position)
-        view[:n] = data[self._position - start : self._position - start + n]
+        view[:n] = memoryview(data)[self._position - start : self._position - start + n]
         return n
+
+    def _read_whole_units_into(self, view: memoryview, first: int) -> int:
+        """The whole units from ``first`` that ``view`` covers (none held), read and hashed in
+        place, two at a time (the second on the helper thread); their byte count once all matched."""
+        base = hashing.chunk_range(self.size, self._unit, first)[0]
+        last = first
+        while last + 1 < len(self._digests) and last + 1 not in self._held and hashing.chunk_range(self.size, self._unit, last + 1)[1] - base <= len(view):
+            last += 1
+        for index in range(first, last + 1, 2):
+            pair = [i for i in (index, index + 1) if i <= last]
+            ranges = [hashing.chunk_range(self.size, self._unit, i) for i in pair]
+            futures = []
+            if len(pair) == 2 and not self._serial:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="integrity_fs-read")
+                (a, b) = ranges[1]
+                futures.append(self._pool.submit(self._hash, a, view[a - base : b - base], self._closing))
+            try:
+                digests = [self._hash(a, view[a - base : b - base], self._closing) for a, b in ranges[: 2 - len(futures)]]
+            finally:  # the helper's read into the caller's buffer ends before this call does
+                for f in futures:
+                    f.exception()
+            digests += [f.result() for f in futures]
+            for i, digest in zip(pair, digests, strict=True):
+                self._check(i, digest)
+        return hashing.chunk_range(self.size, self._unit, last)[1] - base
 
     def readall(self) -> bytes:
         with self._lock:
@@ -191,13 +217,14 @@ class VerifiedFile(io.RawIOBase):
         start, end = hashing.chunk_range(self.size, self._unit, index)
         self.bytes_verified += end - start
 
-    def _load(self, index: int, stop: threading.Event) -> bytes:
+    def _load(self, index: int, stop: threading.Event) -> bytearray:
+        """Unit ``index`` read into a new buffer, hashed, compared: never written to again."""
         start, end = hashing.chunk_range(self.size, self._unit, index)
         data = bytearray(end - start)
         self._check(index, self._hash(start, memoryview(data), stop))
-        return bytes(data)
+        return data
 
-    def _verified(self, index: int) -> bytes:
+    def _verified(self, index: int) -> bytearray:
         """Unit ``index``'s verified bytes: held, being read ahead, or read now (the next one sent
         ahead first, so that both are hashed at once)."""
         future = self._held.get(index)
@@ -222,16 +249,13 @@ class VerifiedFile(io.RawIOBase):
             raise
 
     def _room(self, current: int, *, ahead: bool) -> bool:
-        """Room for one more unit while ``current`` is read: units behind it go first (lowest
-        first); then, unless the room is for a read-ahead, the one furthest ahead. Whether there is room."""
+        """Room for one more unit while ``current`` is read: a read-ahead takes only a free place;
+        a unit asked for drops units behind it first (lowest first), then the one furthest ahead."""
         while len(self._held) >= _HELD:
-            behind = [i for i in self._held if i < current]
-            if behind:
-                self._drop(min(behind))
-            elif ahead:
+            if ahead:
                 return False
-            else:
-                self._drop(max(self._held))
+            behind = [i for i in self._held if i < current]
+            self._drop(min(behind) if behind else max(self._held))
         return True
 
     def _drop(self, index: int) -> None:
@@ -246,7 +270,7 @@ class VerifiedFile(io.RawIOBase):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="integrity_fs-read")
-        future: Future[bytes] = Future()
+        future: Future[bytearray] = Future()
         stop = self._stops[index] = threading.Event()
         self._held[index] = future
 
@@ -264,15 +288,23 @@ class VerifiedFile(io.RawIOBase):
             try:
                 spool = tempfile.TemporaryFile(prefix="integrity_fs-spool-")
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot make a spool in {tempfile.gettempdir()} to verify {printable(self.name)} before serving it: {exc.strerror} (set TMPDIR, or seal with granularity='chunk')") from exc
+                where, hint = tempfile.gettempdir(), "(set TMPDIR, or seal with granularity='chunk')"
+                what = f"cannot make a spool in {where} to verify {printable(self.name)} before serving it"
+                error = OSError(f"{what}: {exc.strerror} {hint}")
+                error.errno = exc.errno  # a plain OSError: not the checkpoint's file gone (FileNotFoundError)
+                raise error from exc
             fd = os.dup(spool.fileno())
             spool.close()
             try:
                 hasher = hashing.new_hasher(self._algorithm)
                 for piece in storage.read_blocks(self._fs, self._path, 0, self.size, version=self._version, stop=self._closing):
                     hasher.update(piece)
-                    os.write(fd, piece)
+                    while piece:  # a short write (a full disk) must never leave a hole in what is served
+                        piece = piece[os.write(fd, piece) :]
                 self._check(0, hasher.hexdigest())
+            except storage.Cancelled:
+                os.close(fd)
+                raise ValueError("I/O operation on a closed file (closed while it was read)") from None
             except BaseException:
                 os.close(fd)
                 raise

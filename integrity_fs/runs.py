@@ -17,8 +17,10 @@ one's state, and retention. The rules are SPEC's "Newest good checkpoint" and "R
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import shutil
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -28,7 +30,7 @@ from . import staging, storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
 from .manifest import MANIFEST_FILENAME
 from .options import VerifyOptions, count, flag
-from .report import PruneResult, Report, printable
+from .report import PruneResult, Report, printable, shortened
 from .storage import URL, Stat
 from .verify import attest, finish, hash_units, prepare
 
@@ -43,7 +45,7 @@ log = logging.getLogger("integrity_fs")
 
 #: Written into a folder before a prune deletes anything of it.
 MARKER = "_integrity_deleting"
-_DIGITS = re.compile(r"\d+")
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: "x_\u0663" holds no step
 GOOD = ("ok", "sizes ok")
 
 
@@ -55,7 +57,7 @@ def _regex(pattern: str) -> re.Pattern[str]:
         raise TypeError(f"pattern must be a string such as 'step_{{step}}', not {pattern!r}")
     if pattern.count("{step}") != 1 or "/" in pattern:
         raise ValueError(f"pattern {pattern!r} must hold '{{step}}' once and no '/' (e.g. 'step_{{step}}')")
-    text = re.escape(pattern).replace(re.escape("{step}"), r"(\d+)").replace(r"\*", r"[^/]*")
+    text = re.escape(pattern).replace(re.escape("{step}"), r"([0-9]+)").replace(r"\*", r"[^/]*")
     return re.compile(text)
 
 
@@ -85,13 +87,27 @@ def steps_of(names: Iterable[str], pattern: str | None) -> dict[str, int]:
     return {n: int(d[at]) for n, d in digits.items()}
 
 
+Candidates = tuple[list[str], dict[str, int], list[str]]
+
+
 def candidates_of(fs: Any, root: str, pattern: str | None) -> tuple[list[str], dict[str, int], list[str]]:
-    """The run's names newest first, their steps, and the other folders (not checkpoints)."""
-    folders = storage.list_dirs(fs, root)
+    """The run's names newest first, their steps, and the other folders (not checkpoints). A root
+    not there yet (a run that never saved) has none: the verbs that need it there say so
+    (:func:`_there`)."""
+    try:
+        folders = storage.list_dirs(fs, root)
+    except FileNotFoundError:
+        return [], {}, []
     names = [n for n, link in folders.items() if not link and n[:1] not in (".", "_")]
     steps = steps_of(names, pattern)
     order = sorted(steps, key=lambda n: (steps[n], n), reverse=True)
     return order, steps, sorted(n for n in names if n not in steps)
+
+
+def _there(fs: Any, root: str, candidates: Candidates) -> None:
+    """``FileNotFoundError`` when ``root`` holds no folder because it does not exist."""
+    if not candidates[0] and not candidates[2]:
+        storage.check_root(fs, root)
 
 
 def _url(fs: Any, path: str) -> str:
@@ -101,8 +117,9 @@ def _url(fs: Any, path: str) -> str:
 def find_checkpoints(root: URL, *, pattern: str | None = None, storage_options: dict[str, Any] | None = None, fs: Any = None) -> list[str]:
     """The checkpoints of the run under ``root``, newest first by their step (one listing, no reads)."""
     fs_, root_ = storage.resolve(root, storage_options, fs)
-    order, _, _ = candidates_of(fs_, root_, pattern)
-    return [_url(fs_, storage.join(root_, n)) for n in order]
+    found = candidates_of(fs_, root_, pattern)
+    _there(fs_, root_, found)
+    return [_url(fs_, storage.join(root_, n)) for n in found[0]]
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -117,6 +134,7 @@ class Judged:
     files: int = 0
     bytes: int = 0
     time: float | None = None  # when its manifest (unsealed: its newest file) was written
+    held: int = 0  # every byte a delete frees: the files, the manifest and the signature
 
 
 _VERDICTS: OrderedDict[tuple[Any, ...], Judged] = OrderedDict()
@@ -139,13 +157,17 @@ def remember(fs: Any, root: str, report: Report) -> None:
     """Record that the checkpoint at ``root`` was just hashed whole (by the writer that sealed it): ok."""
     meta: dict[str, Stat] = {}
     listing = storage.list_files(fs, root, meta)
-    _store(_key(fs, root, VerifyOptions(), listing, meta), Judged("ok", report, "", True, len(listing), sum(s.size for s in listing.values()), _time(listing, meta)))
+    _store(_key(fs, root, VerifyOptions(), listing, meta), Judged("ok", report, "", True, len(listing), sum(s.size for s in listing.values()), _time(listing, meta), _held(listing, meta)))
 
 
 def _store(key: tuple[Any, ...], judged: Judged) -> None:
     _VERDICTS[key] = judged
     while len(_VERDICTS) > 4096:
         _VERDICTS.popitem(last=False)
+
+
+def _held(listing: dict[str, Stat], meta: dict[str, Stat]) -> int:
+    return sum(s.size for s in (*listing.values(), *meta.values()))
 
 
 def _time(listing: dict[str, Stat], meta: dict[str, Stat]) -> float | None:
@@ -164,7 +186,7 @@ def survey(fs: Any, path: str, options: VerifyOptions) -> tuple[Judged, dict[str
     except (FileNotFoundError, NotADirectoryError) as exc:
         return Judged("changing", reason=f"gone while it was read ({exc})"), {}, {}
     sealed = MANIFEST_FILENAME in meta or (options.public_key is not None and storage.SIGNATURE_FILENAME in meta)
-    base = Judged("", None, "", sealed, len(listing), sum(s.size for s in listing.values()), _time(listing, meta))
+    base = Judged("", None, "", sealed, len(listing), sum(s.size for s in listing.values()), _time(listing, meta), _held(listing, meta))
     if MARKER in listing:
         base = replace(base, verdict="deleting", reason="a prune was deleting it")
     return base, listing, meta
@@ -177,14 +199,14 @@ def verdict(base: Judged, check: Any, quick: bool) -> Judged:
         report = check()
         if report.ok:
             return replace(base, verdict="sizes ok" if quick else "ok", report=report)
-        return replace(base, verdict="damaged", report=report, reason=f"{len(report.problems)} problems")
+        return replace(base, verdict="damaged", report=report, reason=shortened([str(p) for p in report.problems], 10, sep="; "))
     except ManifestNotFoundError as exc:
         return replace(base, verdict="unsealed", reason=str(exc))
     except SignatureError as exc:
         return replace(base, verdict="damaged" if base.sealed else "unsealed", report=exc.report, reason=str(exc))
     except IntegrityError as exc:
         return replace(base, verdict="damaged", report=exc.report, reason=str(exc))
-    except ManifestError as exc:
+    except (ManifestError, NotImplementedError) as exc:  # unreadable, or of an algorithm this installation lacks
         return replace(base, verdict="invalid", reason=str(exc))
     except FileChangedError as exc:
         return replace(base, verdict="changing", reason=f"changed while it was read ({exc})")
@@ -204,7 +226,7 @@ def judge(fs: Any, path: str, options: VerifyOptions) -> Judged:
         plan = prepare(fs, path, options, listing)
         if options.attested:
             attest(fs, path, plan)
-        digests = hash_units(fs, path, plan.manifest.algorithm, plan.units, listing, max_workers=options.max_workers)
+        digests = hash_units(fs, path, plan.manifest.algorithm, plan.units, listing, max_workers=options.max_workers, callback=options.callback)
         return finish(plan, digests)
 
     judged = verdict(base, check, options.quick)
@@ -221,11 +243,10 @@ def _for(options: VerifyOptions, name: str) -> VerifyOptions:
 # ----------------------------------------------------------------------------- the verbs
 
 
-Candidates = tuple[list[str], dict[str, int], list[str]]
-
-
 def latest(fs: Any, root: str, pattern: str | None, options: VerifyOptions, judge_fn: Any = judge, candidates: Candidates | None = None) -> tuple[str, Report] | None:
     order, _, _ = candidates or candidates_of(fs, root, pattern)
+    if not order:
+        log.warning("no checkpoints under %s", printable(storage.describe(fs, root)))
     for name in order:
         path = storage.join(root, name)
         judged = judge_fn(fs, path, _for(options, name))
@@ -252,7 +273,9 @@ def status(
     fs: Any, root: str, pattern: str | None, options: VerifyOptions, judge_fn: Any = judge, candidates: Candidates | None = None, leftovers: dict[str, bool] | None = None
 ) -> list[dict[str, Any]]:
     """One row per checkpoint (newest first), then the other folders and staging leftovers."""
-    order, _, others = candidates or candidates_of(fs, root, pattern)
+    candidates = candidates or candidates_of(fs, root, pattern)
+    _there(fs, root, candidates)
+    order, _, others = candidates
     rows = []
     for name in order:
         path = storage.join(root, name)
@@ -267,25 +290,69 @@ def status(
 
 
 def delete_checkpoint(fs: Any, path: str) -> None:
-    """Marker first, then signature and manifest, then the files, then the folder."""
+    """Marker first, then signature and manifest, then the files, then the folder. Locally every
+    step goes through the folder opened without following links: a folder replaced by a link
+    since it was judged loses the link, never a byte of what it points at."""
+    if storage.is_local(fs):
+        _delete_local(fs, path)
+        return
     if not storage.exists(fs, storage.join(path, MARKER)):
         storage.write_atomic(fs, storage.join(path, MARKER), b"")
-    if storage.is_local(fs):
-        tree = storage.LocalTree(path)
-        try:
-            for name in (storage.SIGNATURE_FILENAME, MANIFEST_FILENAME, *storage.list_files(fs, path)):
-                if name != MARKER:
-                    tree.unlink(name)
-            for folder in sorted(tree_folders(path), key=lambda f: -f.count("/")):
-                tree.rmdir(folder)
-            tree.unlink(MARKER)
-        finally:
-            tree.close()
-        staging.remove_tree(fs, path)  # the folder, empty now
+    meta: dict[str, Stat] = {}
+    files = storage.list_files(fs, path, meta)
+    storage.remove(fs, [storage.join(path, n) for n in meta])  # the signature and the manifest there
+    storage.remove(fs, [storage.join(path, n) for n in files if n != MARKER])
+    _gone(fs, path, but=MARKER)  # the marker stays until the rest is gone
+    staging.remove_tree(fs, path)  # the marker, and folder markers (zero-byte "name/" objects)
+    _gone(fs, path)
+
+
+def _gone(fs: Any, path: str, but: str | None = None) -> None:
+    """``OSError`` naming what the store kept under ``path`` (besides ``but``): a store may refuse
+    deletions without an error (S3's DeleteObjects answers them one by one)."""
+    meta: dict[str, Stat] = {}
+    try:
+        left = [n for n in [*storage.list_files(fs, path, meta), *meta] if n != but]
+    except FileNotFoundError:
         return
-    storage.remove(fs, [storage.join(path, n) for n in (storage.SIGNATURE_FILENAME, MANIFEST_FILENAME)])
-    storage.remove(fs, [storage.join(path, n) for n in storage.list_files(fs, path) if n != MARKER])
-    storage.remove(fs, [storage.join(path, MARKER)])
+    if left:
+        raise OSError(f"could not delete {printable(storage.describe(fs, path))}: the store kept {shortened(sorted(left), 5)}")
+
+
+def _delete_local(fs: Any, path: str) -> None:
+    import os
+
+    try:
+        tree = storage.LocalTree(path)
+    except ValueError:  # a link (or a file) now: the link goes, its target is not touched
+        if os.path.islink(path):
+            os.unlink(path)
+            return
+        raise
+    try:
+        try:
+            os.stat(MARKER, dir_fd=tree.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            fd = tree.create(MARKER)
+            os.fsync(fd)
+            os.close(fd)
+            tree.sync()
+        for name in (storage.SIGNATURE_FILENAME, MANIFEST_FILENAME, *storage.list_files(fs, path)):
+            if name != MARKER:
+                tree.unlink(name)
+        for folder in sorted(tree_folders(path), key=lambda f: -f.count("/")):
+            with contextlib.suppress(OSError):  # not empty: what is left goes below
+                tree.rmdir(folder)
+        for entry in os.listdir(tree.fd):  # what a listing does not call content: links, FIFOs, temporary files
+            if entry != MARKER:
+                try:
+                    os.unlink(entry, dir_fd=tree.fd)
+                except IsADirectoryError:
+                    shutil.rmtree(entry, dir_fd=tree.fd)
+        tree.unlink(MARKER)
+    finally:
+        tree.close()
+    os.rmdir(path)
 
 
 def tree_folders(path: str) -> list[str]:
@@ -315,7 +382,9 @@ def prune_root(
 ) -> PruneResult:
     """:func:`prune` at ``root`` of ``fs``; ``keep``: names kept whatever their state. The
     collective passes its own ``judge_fn`` and agreed ``candidates``, and deletes on one rank."""
-    order, steps, _ = candidates or candidates_of(fs, root, pattern)
+    candidates = candidates or candidates_of(fs, root, pattern)
+    _there(fs, root, candidates)
+    order, steps, _ = candidates
     judged: dict[str, Judged] = {}
     kept: list[str] = []
     for name in order:
@@ -325,22 +394,24 @@ def prune_root(
         if good and j.verdict in GOOD:
             kept.append(name)
     # A folder a prune began to delete (marked) is finished whatever else is decided.
-    doomed = {n for n in order if judged[n].verdict == "deleting" and n not in kept and n not in keep}
+    marked = {n for n in order if judged[n].verdict == "deleting" and n not in keep}
+    older: set[str] = set()
     if len(kept) < keep_last:
-        log.warning("%d of the checkpoints under %s verify, fewer than keep_last=%d: no checkpoint deleted", len(kept), printable(storage.describe(fs, root)), keep_last)
+        done = "only what an interrupted prune began is deleted" if marked else "nothing deleted"
+        log.warning("%d of the checkpoints under %s verify, fewer than keep_last=%d: %s", len(kept), printable(storage.describe(fs, root)), keep_last, done)
     else:
         oldest = steps[kept[-1]]
         times = [judged[n].time for n in kept]
         first_kept = None if None in times else min(t for t in times if t is not None)
         for name in order:
             j = judged[name]
-            older = steps[name] < oldest and j.time is not None and first_kept is not None and j.time <= first_kept
+            certain = steps[name] < oldest and j.time is not None and first_kept is not None and j.time <= first_kept
             if name in kept or name in keep:
                 continue
-            if older and j.verdict != "changing" and (unsealed or j.verdict != "unsealed"):
-                doomed.add(name)
-    doomed = [n for n in order if n in doomed]
-    freed = sum(judged[n].bytes for n in doomed)
+            if certain and (j.verdict in (*GOOD, "damaged") or (unsealed and j.verdict == "unsealed")):
+                older.add(name)  # never an invalid one (a newer installation may read it), nor one changing
+    doomed = [n for n in order if n in marked or n in older]
+    freed = sum(judged[n].held for n in doomed)
     if delete and not dry_run:
         for name in doomed:
             delete_checkpoint(fs, storage.join(root, name))

@@ -26,7 +26,16 @@ from .report import Problem, Report, printable, shortened
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
 
-__all__ = ["SIGNATURE_FILENAME", "check", "load_private_key", "load_public_key", "sign", "with_empty_files"]
+__all__ = [
+    "SIGNATURE_FILENAME",
+    "check",
+    "check_names",
+    "check_signed_algorithm",
+    "load_private_key",
+    "load_public_key",
+    "sign",
+    "with_empty_files",
+]
 
 log = logging.getLogger("integrity_fs")
 
@@ -108,6 +117,14 @@ def _pae(payload: bytes, compat: bool = False) -> bytes:
     return b"DSSEv1 %d %s %d " % (len(_PAYLOAD_TYPE), _PAYLOAD_TYPE.encode(), len(payload)) + payload
 
 
+def check_names(sizes: Mapping[str, int], chunk_size: int | None) -> None:
+    """``ValueError`` for a file that a signature of these chunks cannot name: model_signing's
+    shards are ``name:start:end``, so a non-empty chunked file's name cannot hold ':'."""
+    colon = [repr(n) for n, size in sizes.items() if size and ":" in n and chunk_size]
+    if colon:
+        raise ValueError(f"{shortened(colon, 1)}: model_signing's shards cannot hold ':' (sign granularity='file')")
+
+
 def sign(manifest: Manifest, private_key: Any, name: str) -> bytes:
     """``model.sig`` bytes: ``manifest``'s digests signed, the statement naming the checkpoint ``name``
     (as model_signing names the model). ``ValueError`` for a digest that is not SHA-256, or a chunked
@@ -115,9 +132,7 @@ def sign(manifest: Manifest, private_key: Any, name: str) -> bytes:
     check_signable(manifest.algorithm)
     key = load_private_key(private_key)
     chunk_size, sizes = manifest.chunk_size, manifest.sizes or {}
-    colon = [repr(n) for n, size in sizes.items() if size and ":" in n and chunk_size]
-    if colon:
-        raise ValueError(f"{shortened(colon, 1)}: model_signing's shards cannot hold ':' (sign granularity='file')")
+    check_names(sizes, chunk_size)
     listed = []  # (name, algorithm, digest) in model_signing's order: by path components
     for n in sorted(manifest.files, key=lambda n: n.split("/")):
         if chunk_size is None:
@@ -252,6 +267,16 @@ def _read(data: bytes, key: Any = None) -> tuple[Manifest, str, bool]:
     return manifest, model, extension is not None
 
 
+def check_signed_algorithm(manifest: Manifest, location: str = "") -> None:
+    """``SignatureError`` for a manifest no signature can vouch for: not SHA-256 (a CRC only
+    detects accidental damage; model_signing signs SHA-256), whatever ``model.sig`` holds."""
+    if manifest.algorithm != "sha256":
+        why = "a CRC only detects accidental damage" if is_crc(manifest.algorithm) else "model_signing signs SHA-256"
+        problem = Problem(SIGNATURE_FILENAME, "mismatch", expected="sha256", actual=manifest.algorithm)
+        detail = f"a {manifest.algorithm} manifest cannot be signed ({why}); seal with algorithm='sha256' to sign"
+        raise SignatureError(detail, Report(problems=(problem,)), location)
+
+
 def check(
     data: bytes, public_key: Any, manifest: Manifest | None, *, expected_name: str | None = None, location: str = ""
 ) -> tuple[Manifest, bool]:
@@ -259,11 +284,8 @@ def check(
     content against (the signed one when ``manifest`` is None), and whether the signature names every
     empty file it vouches for (not model_signing's own shards: :func:`with_empty_files`). SignatureError
     when it is malformed, by another key, names another checkpoint, or covers other digests (each named)."""
-    if manifest is not None and manifest.algorithm != "sha256":
-        why = "a CRC only detects accidental damage" if is_crc(manifest.algorithm) else "model_signing signs SHA-256"
-        problem = Problem(SIGNATURE_FILENAME, "mismatch", expected="sha256", actual=manifest.algorithm)
-        detail = f"a {manifest.algorithm} manifest cannot be signed ({why}); seal with algorithm='sha256' to sign"
-        raise SignatureError(detail, Report(problems=(problem,)), location)
+    if manifest is not None:
+        check_signed_algorithm(manifest, location)
     key = load_public_key(public_key)
     try:
         signed, name, covers = _read(data, key)

@@ -20,14 +20,15 @@ from exactly the bytes sent). A failed transfer deletes what it wrote.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import staging, storage
-from .errors import IntegrityError
+from .errors import FileChangedError, IntegrityError
 from .hashing import chunk_range, combine
 from .manifest import MANIFEST_FILENAME, Manifest
 from .options import SealOptions, VerifyOptions, count, flag
@@ -67,6 +68,15 @@ def _sealed_source(fs: Any, root: str) -> tuple[bytes, Manifest, bytes | None]:
     return raw, manifest, signature
 
 
+@contextlib.contextmanager
+def _writing(fs: Any, path: str) -> Iterator[None]:
+    """A ``FileNotFoundError`` while writing ``path`` (a bucket, or a folder, not there) names it."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(errno.ENOENT, f"cannot write {printable(storage.describe(fs, path))}: {exc}") from exc
+
+
 def _stream(
     src: tuple[Any, str],
     listing: Mapping[str, Stat],
@@ -90,13 +100,16 @@ def _stream(
         path = storage.join(dst[1], name)
         with lock:
             written.append(path)
-        writer = storage.Writer(dst[0], path, algorithm, chunk_size, tree=tree, rel=name, size=listing[name].size)
+        with _writing(dst[0], path):
+            writer = storage.Writer(dst[0], path, algorithm, chunk_size, tree=tree, rel=name, size=listing[name].size)
         try:
             source = storage.join(src[1], name)
             for piece in storage.read_blocks(src[0], source, 0, listing[name].size, version=listing[name].version, stop=stop):
-                writer.write(piece)
+                with _writing(dst[0], path):
+                    writer.write(piece)
                 progress(len(piece))
-            return writer.close()
+            with _writing(dst[0], path):
+                return writer.close()
         except BaseException:
             writer.abort()
             raise
@@ -111,28 +124,17 @@ def _mismatches(manifest: Manifest, sizes: Mapping[str, int], digests: Mapping[s
         chunk = manifest.chunk_size
         actual = got[0] if chunk is None else combine(manifest.algorithm, got, sizes[name], chunk)
         if actual != manifest.files[name]:
-            ranges = ()
+            ranges: tuple[tuple[int, int], ...] = ()
             if manifest.chunks is not None and chunk is not None:
                 ranges = tuple(chunk_range(sizes[name], chunk, i) for i, (a, b) in enumerate(zip(manifest.chunks[name], got)) if a != b)
             problems.append(Problem(name, "mismatch", manifest.files[name], actual, ranges))
     return problems
 
 
-def _sealed_at(fs: Any, root: str) -> bool:
-    return any(storage.exists(fs, storage.join(root, n)) for n in storage.NOT_CONTENT)
-
-
-def _clear_leftovers(fs: Any, root: str) -> None:
-    """Remove dead staging folders of the destination ``root``: unsealed ones, and sealed ones
-    once the destination itself is sealed (before that they may be its only copy)."""
-    parent, name = storage.parent(root), root.rstrip("/").rsplit("/", 1)[-1]
-    for folder, dead in staging.leftovers(fs, parent, name).items():
-        path = storage.join(parent, folder)
-        if dead and (not _sealed_at(fs, path) or _sealed_at(fs, root)):
-            staging.remove_tree(fs, path)
-            log.info("removed %s, left by a killed transfer", printable(storage.describe(fs, path)))
-        elif dead:
-            log.warning("%s holds a sealed checkpoint left by a killed transfer to %s, which is not sealed: kept", printable(storage.describe(fs, path)), printable(storage.describe(fs, root)))
+def _clear_leftovers(fs: Any, root: str) -> bool:
+    """Remove dead staging folders of the destination ``root`` (see :func:`staging.clear`);
+    whether a sealed one was kept because ``root`` is not sealed."""
+    return staging.clear(fs, storage.parent(root), root.rstrip("/").rsplit("/", 1)[-1])
 
 
 class _Destination:
@@ -143,8 +145,8 @@ class _Destination:
         where = storage.describe(fs, root)
         if storage.is_local(fs):
             check_sealable(fs, root, names, "copy to a local disk")
-        _clear_leftovers(fs, root)
-        self.staged = _sealed_at(fs, root)
+        self.leftovers = _clear_leftovers(fs, root)
+        self.staged = staging.sealed_at(fs, root)
         if self.staged and not overwrite:
             raise FileExistsError(f"{where} is already sealed: pass overwrite=True (CLI --force) to replace it")
         self.lease: staging.Lease | None = None
@@ -153,15 +155,13 @@ class _Destination:
         self.extra: list[str] = []  # files beside them that are not the checkpoint's: kept
         if self.staged:
             self.old, self.extra = _old_and_extra(fs, root)
-            new = set(names)
-            for extra in self.extra:
-                clash = next((n for n in new if n.startswith(extra + "/") or extra.startswith(n + "/")), None)
-                if clash is not None:
-                    raise ValueError(f"cannot replace {where}: its file {printable(extra)!r} and the new {printable(clash)!r} cannot both be there (a file and a folder of one name); nothing was changed")
-            self.extra = [e for e in self.extra if e not in new]
+            _refuse_clashes(fs, root, self.extra, names, "replace")
+            self.extra = [e for e in self.extra if e not in set(names)]
             self.root = storage.join(storage.parent(root), staging.staging_name(root.rstrip("/").rsplit("/", 1)[-1]))
             self.lease = staging.Lease(fs, self.root)
-        self.existed = storage.exists(fs, root)
+        elif storage.is_local(fs) and os.path.isdir(root) and not os.path.islink(root):
+            _refuse_clashes(fs, root, _local_entries(root), names, "copy into")  # a disk cannot hold both
+        self.made = _missing(self.root) if storage.is_local(fs) else []  # folders made here: their entries are fsynced
         self.tree = storage.LocalTree(self.root, create=True) if storage.is_local(fs) else None
         self.written: list[str] = []
 
@@ -170,20 +170,31 @@ class _Destination:
         try:
             if self.tree is not None:
                 self.tree.sync()
-                here, now = os.fstat(self.tree.fd), os.lstat(self.root)
-                if (here.st_dev, here.st_ino) != (now.st_dev, now.st_ino):
-                    raise OSError(f"{self.root} was moved or replaced while it was written: nothing is written through what is there now")
-                if self.staged:
-                    self.tree.unlink(staging.LEASE)
+                for folder in self.made:  # the entry of each folder made, in the folder above it
+                    storage.fsync_dir(os.path.dirname(folder))
+                _still(self.tree, self.root)
+            if not self.staged:  # in place: a failure from here on deletes them too
+                self.written += [storage.join(self.root, n) for n in storage.NOT_CONTENT]
             write_sealed(self.fs, self.root, manifest, raw=raw, signature=signature, key=key)
         except BaseException:
             self.abandon()
             raise
-        if self.staged:
-            self._swap()
-        self._close()
+        try:
+            if self.staged:
+                self._swap()
+        finally:
+            self._close()
+        if self.leftovers:  # sealed copies of a killed transfer, kept while this destination was not sealed
+            _clear_leftovers(self.fs, self.final)
 
     def _swap(self) -> None:
+        """The sealed staged copy in place of the sealed destination. Locally: the files beside the
+        old checkpoint move into the staged folder, the old checkpoint is renamed aside, the staged
+        folder's lease is dropped and it is renamed into place, then the old one is deleted. At
+        every step a complete sealed copy is at the destination or beside it (a killed swap's
+        folders hold no lease, so they are dead; one that is sealed is kept while the destination
+        is not). On object stores: the destination is unsealed, the old objects deleted, the staged
+        ones copied by the store pinned to the versions staged, and the manifest written last."""
         fs, final, staged = self.fs, self.final, self.root
         try:
             if storage.is_local(fs):
@@ -192,6 +203,7 @@ class _Destination:
                     os.rename(os.path.join(final, extra), os.path.join(staged, extra))
                 old = storage.join(storage.parent(final), staging.staging_name(final.rsplit("/", 1)[-1]))
                 os.rename(final, old)
+                os.unlink(os.path.join(staged, staging.LEASE))  # still locked through the open descriptor
                 os.rename(staged, final)
                 storage.fsync_dir(storage.parent(final))
                 staging.remove_tree(fs, old)
@@ -206,10 +218,23 @@ class _Destination:
                     signature = None
                 storage.remove(fs, [storage.join(final, n) for n in storage.NOT_CONTENT])
                 storage.remove(fs, [storage.join(final, n) for n in self.old if n not in listing])
-                _copy_within(fs, staged, final, listing, manifest)
+                try:
+                    _copy_within(fs, staged, final, listing, manifest)
+                except Exception as exc:
+                    changed = _changed(fs, staged, listing)
+                    if changed:
+                        where = storage.describe(fs, final)
+                        raise FileChangedError(
+                            f"replacing {where} failed: {printable(', '.join(changed))} in the staged copy at {storage.describe(fs, staged)} changed after "
+                            f"{'it was' if len(changed) == 1 else 'they were'} confirmed, so nothing was sealed at {where} (left unsealed)",
+                            changed,
+                        ) from exc
+                    raise
                 write_sealed(fs, final, manifest, raw=raw, signature=signature)
                 self._close()
                 staging.remove_tree(fs, staged)
+        except FileChangedError:
+            raise
         except BaseException as exc:
             raise OSError(f"replacing {storage.describe(fs, final)} failed part-way: the new checkpoint is whole and sealed at {storage.describe(fs, staged)} ({type(exc).__name__}: {exc})") from exc
 
@@ -224,9 +249,9 @@ class _Destination:
                 for folder in reversed(self.tree.made):
                     with contextlib.suppress(OSError):
                         self.tree.rmdir(folder)
-                if not self.existed:
+                for folder in reversed(self.made):  # the root and the folders above it, where this made them
                     with contextlib.suppress(OSError):
-                        os.rmdir(self.root)
+                        os.rmdir(folder)
             else:
                 storage.remove(self.fs, self.written)
         self._close()
@@ -240,6 +265,22 @@ class _Destination:
             self.lease = None
 
 
+def _refuse_clashes(fs: Any, root: str, there: list[str], names: list[str], what: str) -> None:
+    """``ValueError`` (before any change) when an entry already at ``root`` and a new file are a
+    file (or link) and a folder of one name."""
+    new = set(names)
+    folders = {n.rsplit("/", 1)[0] for n in new if "/" in n}
+    folders |= {f.rsplit("/", i)[0] for f in list(folders) for i in range(1, f.count("/") + 1)}
+    for entry in there:
+        clash = entry if entry in folders else next((n for n in new if entry.startswith(n + "/")), None)
+        if clash is not None:
+            raise ValueError(
+                f"cannot {what} {storage.describe(fs, root)}: {printable(storage.describe(fs, storage.join(root, entry)))} "
+                f"(not part of the checkpoint there) and the new {printable(clash)!r} cannot both be there "
+                "(a file or link, and a folder, of one name); nothing was changed"
+            )
+
+
 def _old_and_extra(fs: Any, root: str) -> tuple[list[str], list[str]]:
     """The files of the sealed checkpoint at ``root`` (its manifest's, or its signature's), and the others there."""
     try:
@@ -248,8 +289,55 @@ def _old_and_extra(fs: Any, root: str) -> tuple[list[str], list[str]]:
         from . import formats
 
         names = set(formats.load(storage.read_file(fs, storage.join(root, storage.SIGNATURE_FILENAME)), "model_signing").files)
-    listing = storage.list_files(fs, root)
+    listing = _local_entries(root) if storage.is_local(fs) else list(storage.list_files(fs, root))
     return sorted(n for n in listing if n in names), sorted(n for n in listing if n not in names)
+
+
+def _local_entries(root: str) -> list[str]:
+    """Every entry under the local folder ``root`` that is not a folder (files, links of any kind,
+    FIFOs: what a swap must carry over), links never followed; not the manifest, the signature
+    or our temporary files."""
+    out = []
+    for folder, dirs, files in os.walk(root):  # a link to a folder is listed in dirs, never descended
+        rel = os.path.relpath(folder, root)
+        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
+            out.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
+    return [n for n in out if n not in storage.NOT_CONTENT and not n.startswith(storage.listing.TEMP_PREFIX)]
+
+
+def _missing(folder: str) -> list[str]:
+    """The folders that ``os.makedirs(folder)`` would make, outermost first."""
+    out = []
+    while folder and not os.path.lexists(folder):
+        out.append(folder)
+        folder = os.path.dirname(folder)
+    return out[::-1]
+
+
+def _replaced(tree: storage.LocalTree, path: str) -> bool:
+    """Whether ``path`` is no longer the folder ``tree`` writes beneath (removed, moved, replaced)."""
+    try:
+        here, now = os.fstat(tree.fd), os.lstat(path)
+    except (FileNotFoundError, OSError):
+        return True
+    return (here.st_dev, here.st_ino) != (now.st_dev, now.st_ino)
+
+
+def _still(tree: storage.LocalTree, path: str) -> None:
+    """``OSError`` unless ``path`` is still the folder ``tree`` writes beneath: nothing is sealed
+    in what is there now."""
+    if _replaced(tree, path):
+        raise OSError(f"{path} was removed or replaced while it was written: nothing is written through what is there now")
+
+
+def _changed(fs: Any, root: str, listing: Mapping[str, Stat]) -> list[str]:
+    """The files of ``listing`` that are not at ``root`` now in the version listed (a failed
+    listing: none known)."""
+    try:
+        now = storage.list_files(fs, root)
+    except OSError:
+        return []
+    return [n for n, stat in listing.items() if n not in now or now[n].version != stat.version]
 
 
 def _copy_within(fs: Any, src: str, dst: str, listing: Mapping[str, Stat], manifest: Manifest) -> None:
@@ -300,7 +388,9 @@ def download(
     local = storage.resolve(target)[0]
     if storage.overlap(src_fs, root, local, target):
         raise ValueError(f"url {storage.describe(src_fs, root)} and dest {target} overlap: download outside url")
-    if os.path.islink(target) or (os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target))):
+    parent, name = os.path.split(target)
+    ours = f".{name}{staging.MARK}"  # a killed download into this empty folder left it
+    if os.path.islink(target) or (os.path.lexists(target) and (not os.path.isdir(target) or any(not e.startswith(ours) for e in os.listdir(target)))):
         raise FileExistsError(f"{target} exists and is not an empty folder: download into a new or empty one")
     raw, manifest, signature = _sealed_source(src_fs, root)
     plan = prepare(src_fs, root, VerifyOptions(strict=strict, manifest=manifest))
@@ -308,10 +398,22 @@ def download(
         raise IntegrityError(Report(problems=tuple(plan.problems), extra=plan.extra), plan.location)
     listing = {n: plan.listing[n] for n in manifest.files}
     check_sealable(src_fs, root, list(listing), "download")
-    parent, name = os.path.split(target)
+    # An empty folder (a mount point, perhaps, or in a parent we cannot write) is staged inside and
+    # its entries moved in, the manifest last; otherwise the staged folder is renamed into place.
+    inside = os.path.isdir(target)
+    made = _missing(parent)
     os.makedirs(parent, exist_ok=True)
-    _clear_leftovers(local, target)
-    stage = os.path.join(parent, staging.staging_name(name))
+    for folder in made:  # the entry of each folder made, in the folder above it
+        storage.fsync_dir(os.path.dirname(folder))
+    if inside:
+        for folder, dead in staging.leftovers(local, target, name).items():
+            if not dead:
+                raise FileExistsError(f"{target} is being filled by another download ({folder} is live)")
+            staging.remove_tree(local, os.path.join(target, folder))
+        leftovers = False
+    else:
+        leftovers = _clear_leftovers(local, target)
+    stage = os.path.join(target if inside else parent, staging.staging_name(name))
     lease = staging.Lease(local, stage)
     tree = storage.LocalTree(stage)
     try:
@@ -320,24 +422,33 @@ def download(
         if problems:
             raise IntegrityError(Report(problems=tuple(problems), extra=plan.extra, files_checked=len(listing)), plan.location)
         tree.sync()
+        _still(tree, stage)
         write_sealed(local, stage, manifest, raw=raw, signature=signature)
-        if os.path.isdir(target):  # an empty folder (a mount point, perhaps): its entries move in, the manifest last
-            entries = sorted(os.listdir(stage), key=lambda e: e in storage.NOT_CONTENT)
-            for entry in entries:
+        if inside:
+            for entry in sorted(os.listdir(stage), key=lambda e: e in storage.NOT_CONTENT):
                 if entry != staging.LEASE:
                     os.rename(os.path.join(stage, entry), os.path.join(target, entry))
-            storage.fsync_dir(target)
             staging.remove_tree(local, stage)
+            storage.fsync_dir(target)
         else:
             os.unlink(os.path.join(stage, staging.LEASE))
             os.rename(stage, target)
-        storage.fsync_dir(parent)
-    except BaseException:
-        staging.remove_tree(local, stage)
+            storage.fsync_dir(parent)
+    except BaseException as exc:
+        replaced = isinstance(exc, OSError) and _replaced(tree, stage)
+        if not replaced:  # what is there now is not ours to delete
+            staging.remove_tree(local, stage)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        if replaced and not isinstance(exc, FileChangedError):
+            raise OSError(f"{stage} was removed or replaced while the download wrote it: nothing was sealed ({type(exc).__name__}: {exc})") from exc
         raise
     finally:
         tree.close()
         lease.release()
+    if leftovers:  # sealed copies of a killed download, kept while dest was not sealed
+        _clear_leftovers(local, target)
     return Report(extra=plan.extra, files_checked=len(listing), bytes_checked=sum(s.size for s in listing.values()))
 
 
@@ -358,7 +469,7 @@ def upload(src: str | os.PathLike[str], url: URL, *, storage_options: dict[str, 
     if os.path.lexists(os.path.join(source, MANIFEST_FILENAME)):
         raw, manifest, signature = _sealed_source(local, source)
         for key in ("algorithm", "granularity", "chunk_size"):
-            if key in options and options[key] != getattr(manifest, key):  # type: ignore[literal-required]
+            if key in options and options[key] != getattr(manifest, key):
                 raise ValueError(f"{source} is sealed with {key} {getattr(manifest, key)!r} and upload sends its manifest unchanged: leave {key} out, or seal the source again")
         plan = prepare(local, source, VerifyOptions(manifest=manifest))
         if plan.problems:
@@ -369,7 +480,7 @@ def upload(src: str | os.PathLike[str], url: URL, *, storage_options: dict[str, 
         if checked.private_key is not None:
             signature = None
     else:
-        raw, manifest, signature = None, None, None  # type: ignore[assignment]
+        raw, manifest, signature = None, None, None
         listing = storage.list_files(local, source)
         check_sealable(local, source, list(listing))
     algorithm = manifest.algorithm if manifest is not None else checked.algorithm

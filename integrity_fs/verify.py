@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
-from .hashing import Unit, chunk_range, combine, plan_units
+from .hashing import Unit, check_signable, chunk_range, combine, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
-from .hashing import check_signable
 from .options import SealOptions, VerifyOptions
 from .report import Problem, Report, printable, shortened
 from .storage import URL, Stat
@@ -61,14 +60,17 @@ def load_manifest(fs: Any, root: str) -> Manifest:
             f"no {MANIFEST_FILENAME} at {storage.describe(fs, root)}: the checkpoint was never sealed"
         ) from exc
     except (IsADirectoryError, storage.NotARegularFileError) as exc:
-        raise ManifestError(f"{storage.describe(fs, path)} is not a regular file: not a manifest") from exc
+        what = f"{storage.describe(fs, path)} is {storage.kind_of(exc)}"
+        raise ManifestError(f"{what}, not a regular file: not a manifest") from exc
     try:
         return Manifest.from_json(raw)
     except ManifestError as exc:
         raise ManifestError(f"{storage.describe(fs, path)}: {exc}") from exc
 
 
-def _manifest_file(fs: Any, root: str, source: str | os.PathLike[str], kind: str) -> tuple[Manifest, str | None]:
+def _manifest_file(
+    fs: Any, root: str, source: str | os.PathLike[str], kind: str, signed: bool
+) -> tuple[Manifest, str | None]:
     """The manifest in the file ``source`` (a bare name is inside the root; ``./x``, ``../x`` and
     absolute paths are local paths; a URL is read through ``fs`` when it names the same protocol),
     and its name inside the root, if it lies there (never content)."""
@@ -92,13 +94,17 @@ def _manifest_file(fs: Any, root: str, source: str | os.PathLike[str], kind: str
         storage.check_root(fs, root)
         raise ManifestNotFoundError(f"no manifest file at {where}") from exc
     except (IsADirectoryError, storage.NotARegularFileError) as exc:
-        raise ManifestError(f"{where} is not a regular file: not a manifest") from exc
+        raise ManifestError(f"{where} is {storage.kind_of(exc)}, not a regular file: not a manifest") from exc
     from . import formats
 
     try:
-        manifest = formats.load(raw, formats.detect(raw, name=path.rsplit("/", 1)[-1]) if kind == "auto" else kind)
+        kind = formats.detect(raw, name=path.rsplit("/", 1)[-1]) if kind == "auto" else kind
+        manifest = formats.load(raw, kind)
     except ManifestError as exc:
         raise ManifestError(f"{where}: {exc}") from exc
+    if kind == "model_signing" and not signed:
+        why = "the digests of a model_signing bundle, whose signature is NOT checked (pass public_key to check it)"
+        log.warning("%s: %s", printable(where), why)
     if name is not None and name in manifest.files:
         log.warning("%s lists itself: that entry is left out (no file holds its own digest)", printable(where))
         manifest = _without(manifest, {name})
@@ -120,7 +126,7 @@ def manifest_in_use(fs: Any, root: str, options: VerifyOptions) -> tuple[Manifes
     if isinstance(wanted, Manifest):
         manifest: Manifest | None = wanted
     elif wanted is not None:
-        manifest, name = _manifest_file(fs, root, wanted, options.manifest_format)
+        manifest, name = _manifest_file(fs, root, wanted, options.manifest_format, options.public_key is not None)
     else:
         try:
             manifest = load_manifest(fs, root)
@@ -135,13 +141,17 @@ def manifest_in_use(fs: Any, root: str, options: VerifyOptions) -> tuple[Manifes
 
     path = storage.join(root, storage.SIGNATURE_FILENAME)
     location = storage.describe(fs, root)
+    if manifest is not None:
+        signing.check_signed_algorithm(manifest, location)  # a CRC manifest is never vouched for, signed or not
     try:
         data = storage.read_file(fs, path)
     except (FileNotFoundError, IsADirectoryError, storage.NotARegularFileError) as exc:
         problems = (Problem(MANIFEST_FILENAME, "missing"),) if manifest is None else ()
         nor = f" (nor sealed: no {MANIFEST_FILENAME})" if manifest is None else ""
         report = Report(problems=(*problems, Problem(storage.SIGNATURE_FILENAME, "missing")))
-        raise SignatureError(f"no {storage.SIGNATURE_FILENAME}: the checkpoint is not signed{nor}", report, location) from exc
+        what = "no" if isinstance(exc, FileNotFoundError) else f"{storage.kind_of(exc)} named"
+        detail = f"{what} {storage.SIGNATURE_FILENAME}: the checkpoint is not signed{nor}"
+        raise SignatureError(detail, report, location) from exc
     expected = options.expected_name
     signed, covers_empty = signing.check(data, options.public_key, manifest, expected_name=expected, location=location)
     return signed, name, not covers_empty
@@ -165,12 +175,21 @@ class Plan:
     trusted: bool = True  # the root's own manifest, no key: a CRC of the store may attest
 
 
+def leftovers(meta: Mapping[str, Stat]) -> dict[str, Stat]:
+    """The temporary files of interrupted writes among a listing's ``meta``."""
+    return {n: s for n, s in meta.items() if n.startswith(storage.TEMP_PREFIX)}
+
+
 def prepare(fs: Any, root: str, options: VerifyOptions, listing: dict[str, Stat] | None = None) -> Plan:
     """:class:`Plan` for ``root``: the manifest in use (signature checked), the listing compared
     with it by names and sizes. With a key, a file the signature does not cover is a
     ``SignatureError``, ``strict`` or not."""
     manifest, in_root, empty_pass = manifest_in_use(fs, root, options)
-    listing = dict(storage.list_files(fs, root) if listing is None else listing)
+    if listing is None:
+        meta: dict[str, Stat] = {}
+        listing = storage.list_files(fs, root, meta)
+        listing = dict(sorted({**listing, **leftovers(meta)}.items()))  # never sealed, but there: extra like any other
+    listing = dict(listing)
     if in_root is not None:
         listing.pop(in_root, None)
     location = storage.describe(fs, root)
@@ -209,25 +228,33 @@ def attest(fs: Any, root: str, plan: Plan) -> None:
     CRC32C from the listing). Anything else is read, and the read decides."""
     m = plan.manifest
     names = sorted({u.name for u in plan.units})
-    if not names or m.sizes is None or not (storage.is_s3(fs) or storage.is_gcs(fs)):
+    if not names or not (storage.is_s3(fs) or storage.is_gcs(fs)):
         return
-    crc_ok = plan.trusted and m.algorithm in ("crc64nvme", "crc32c")
+    crc = m.algorithm in ("crc64nvme", "crc32c")
+    if crc and not plan.trusted:
+        return  # anyone can match a CRC: it attests only against the root's own manifest, without a key
     if storage.is_gcs(fs):
-        kept = {n: {"crc32c": plan.listing[n].crc32c or ""} for n in names} if crc_ok and m.algorithm == "crc32c" else {}
-    elif m.algorithm == "sha256" or crc_ok:
-        kept = storage.s3.attributes(fs, [storage.join(root, n) for n in names])
-        kept = {n: kept[storage.join(root, n)] for n in names}
+        if m.algorithm != "crc32c":
+            return
+        found = {n: {"crc32c": storage.s3.Checksum(c)} for n in names if (c := plan.listing[n].crc32c)}
+    elif m.algorithm == "sha256" or crc:
+        paths = {storage.join(root, n): n for n in names}
+        found = {paths[p]: sums for p, sums in storage.s3.attributes(fs, paths).items()}
     else:
-        kept = {}
-    for name, checksums in kept.items():
-        value = checksums.get(m.algorithm)
+        return
+    for name, sums in found.items():
+        kept = sums.get(m.algorithm)
+        if kept is None:
+            continue
         chunks = m.chunks[name] if m.chunks is not None else ()
-        wanted = {m.files[name]} if m.granularity == "file" or m.algorithm != "sha256" else set()
-        if m.algorithm == "sha256" and len(chunks) == 1:
-            wanted.add(chunks[0])
-        if m.algorithm == "sha256" and m.chunks is not None:
-            wanted.add(f"{m.files[name]}-{len(chunks)}")
-        if value and value in wanted:
+        if kept.composite:  # SHA-256 of the parts' digests: the digest of a chunk manifest's file
+            parts_fit = bool(chunks) and kept.parts in (None, len(chunks))
+            ok = m.algorithm == "sha256" and parts_fit and kept.value == m.files[name]
+        elif m.algorithm == "sha256" and chunks:
+            ok = len(chunks) == 1 and kept.value == chunks[0]
+        else:
+            ok = kept.value == m.files[name]
+        if ok:
             plan.attested[name] = m.algorithm
     plan.units = [u for u in plan.units if u.name not in plan.attested]
 
@@ -283,7 +310,8 @@ def finish(plan: Plan, digests: Mapping[Unit, str]) -> Report:
         if actual != m.files[name]:
             ranges = ()
             if m.chunks is not None and m.chunk_size is not None:
-                ranges = tuple(chunk_range(size, m.chunk_size, i) for i, (a, b) in enumerate(zip(m.chunks[name], got)) if a != b)
+                pairs = enumerate(zip(m.chunks[name], got, strict=True))
+                ranges = tuple(chunk_range(size, m.chunk_size, i) for i, (a, b) in pairs if a != b)
             problems.append(Problem(name, "mismatch", expected=m.files[name], actual=actual, byte_ranges=ranges))
     problems.sort(key=lambda p: (p.path, p.kind))
     missing = sum(1 for p in problems if p.kind == "missing")
@@ -335,8 +363,14 @@ def check_sealable(fs: Any, root: str, names: Sequence[str], what: str = "seal")
     for name in names:
         try:
             name.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(name).decode("utf-8", "backslashreplace")  # the bytes as ls -b shows them
+            where = storage.describe(fs, root)
+            why = f"the file name {printable(shown)} is not UTF-8, which a manifest needs"
+            raise ValueError(f"cannot {what} {where}: {why}") from None
+        try:
             check_name(name)
-        except (UnicodeEncodeError, ManifestError) as exc:
+        except ManifestError as exc:
             raise ValueError(f"cannot {what} {storage.describe(fs, root)}: the file name {printable(name)!r} cannot be in a manifest ({exc})") from None
     files = set(names)
     for name in names:
@@ -375,8 +409,15 @@ def seal_root(fs: Any, root: str, options: SealOptions) -> Manifest:
     where = storage.describe(fs, root)
     if not options.overwrite and storage.exists(fs, storage.join(root, MANIFEST_FILENAME)):
         raise FileExistsError(f"{where} is already sealed: pass overwrite=True (CLI --force) to seal it again")
-    listing = storage.list_files(fs, root)
+    meta: dict[str, Stat] = {}
+    listing = storage.list_files(fs, root, meta)
+    for name in leftovers(meta):
+        log.warning("leaving %s out of the manifest: a temporary file that an interrupted write left", printable(name))
     check_sealable(fs, root, list(listing))
+    if options.private_key is not None:
+        from .signing import check_names
+
+        check_names({n: s.size for n, s in listing.items()}, options.chunk_size)  # before any byte is read
     units = plan_units({n: s.size for n, s in listing.items()}, options.chunk_size)
     digests = hash_units(fs, root, options.algorithm, units, listing, max_workers=options.max_workers, callback=options.callback)
     by_file: dict[str, list[str]] = {n: [] for n in listing}

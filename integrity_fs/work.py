@@ -3,6 +3,7 @@ and the call returns only once none is left running. Progress goes to an fsspec 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -49,21 +50,34 @@ def run_parallel(fn: Callable[[T], R], items: Sequence[T], workers: int, stop: t
     and the exception is raised once every worker has stopped."""
     if workers <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
-    pool = ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="integrity_fs")
+    prefix = f"integrity_fs_{next(_pools)}"
+    pool = ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix=prefix)
     try:
         futures = [pool.submit(fn, item) for item in items]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         errors = [e for f in futures if f in done and (e := f.exception()) is not None]
         if errors:
             stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
+            _stop_all(pool, prefix)
             raise next((e for e in errors if not isinstance(e, storage.Cancelled)), errors[0])
     except BaseException:
         stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        _stop_all(pool, prefix)
         raise
     pool.shutdown(wait=True)
     return [f.result() for f in futures]
+
+
+_pools = itertools.count()
+
+
+def _stop_all(pool: ThreadPoolExecutor, prefix: str) -> None:
+    """Drop the work not started and wait for every thread of ``pool``: also one whose start a
+    Ctrl-C interrupted (started, but not yet among the pool's own threads)."""
+    pool.shutdown(wait=True, cancel_futures=True)
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefix + "_") and thread is not threading.current_thread():
+            thread.join()
 
 
 def log_done(what: str, where: str, files: int, nbytes: int, started: float) -> None:

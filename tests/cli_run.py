@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 import pytest
@@ -29,7 +29,20 @@ from integrity_fs.cli import main
 
 TIMEOUT_S = 120
 
-COMMANDS = ["seal", "sign", "verify", "show", "export", "status", "latest", "prune", "download", "upload", "copy", "demo"]
+COMMANDS = [
+    "seal",
+    "sign",
+    "verify",
+    "show",
+    "export",
+    "status",
+    "latest",
+    "prune",
+    "download",
+    "upload",
+    "copy",
+    "demo",
+]
 
 FILES = {
     "model.bin": random.Random(1).randbytes(300_000),
@@ -104,7 +117,9 @@ def error_lines(proc: Result | subprocess.CompletedProcess[str]) -> list[str]:
 
 def stderr_pair(proc: Result | subprocess.CompletedProcess[str]) -> tuple[str, str]:
     """The two stderr lines every error prints: what failed, then the hint."""
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(("integrity-fs: error: ", "integrity-fs: hint: "))]
+    lines = [
+        line for line in proc.stderr.splitlines() if line.startswith(("integrity-fs: error: ", "integrity-fs: hint: "))
+    ]
     assert len(lines) == 2, proc.stderr
     assert lines[0].startswith("integrity-fs: error: ") and lines[1].startswith("integrity-fs: hint: ")
     return lines[0], lines[1]
@@ -189,12 +204,12 @@ class Shifting(MemoryFileSystem):
     of ``fail`` raises EIO; each of ``on_write`` runs (given the path) when a file is opened for writing."""
 
     protocol = ("shifting",)
-    store: dict[str, Any] = {}
-    pseudo_dirs = [""]
+    store: ClassVar[dict[str, Any]] = {}
+    pseudo_dirs: ClassVar[list[str]] = [""]
     change: tuple[str, ...] = ()
     fail: tuple[str, ...] = ()
-    on_write: list[Callable[[str], None]] = []
-    versions: dict[str, int] = {}
+    on_write: ClassVar[list[Callable[[str], None]]] = []
+    versions: ClassVar[dict[str, int]] = {}
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> str:
@@ -229,9 +244,8 @@ class Shifting(MemoryFileSystem):
         return super()._open(path, mode=mode, **kwargs)
 
 
-@pytest.fixture
-def shifting() -> Iterator[type[Shifting]]:
-    """``shifting://`` registered for the test, empty, its files holding still until told otherwise."""
+def shifting_store() -> Iterator[type[Shifting]]:
+    """For a fixture: ``shifting://`` registered for the test, empty, its files still until told otherwise."""
     fsspec.register_implementation("shifting", Shifting, clobber=True)
     yield Shifting
     Shifting.store.clear()

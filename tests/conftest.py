@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,11 +101,43 @@ def _moto_lists_its_services_once() -> None:
     backends.list_of_moto_modules = lambda: modules
 
 
+def _moto_computes_crc32c() -> None:
+    """Make moto compute CRC32C as S3 does. moto computes it with the optional ``crc32c`` package
+    and, without it, silently computes CRC32 instead and calls that CRC32C (what it keeps for a
+    multipart upload with a full-object CRC32C). Here awscrt's CRC32C (installed with boto3's
+    ``crt`` extra and integrity_fs's ``crc``) stands in for the package."""
+    try:
+        import crc32c  # noqa: F401  # moto's own choice works
+
+        return
+    except ImportError:
+        pass
+    try:
+        from awscrt import checksums
+    except ImportError:
+        return
+    import base64
+
+    from moto.s3 import models, responses, utils
+
+    original = utils.compute_checksum
+
+    def compute_checksum(body: bytes, algorithm: str, encode_base64: bool = True) -> bytes:
+        if algorithm != "CRC32C":
+            return original(body, algorithm, encode_base64=encode_base64)
+        raw = int(checksums.crc32c(bytes(body))).to_bytes(4, "big")
+        return base64.b64encode(raw) if encode_base64 else raw
+
+    for module in (utils, models, responses):
+        module.compute_checksum = compute_checksum  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     _moto_lists_its_services_once()
+    _moto_computes_crc32c()
 
     # moto's in-process mock_aws does not intercept aiobotocore (s3fs): use a real local server.
     # werkzeug logs every request at INFO, through a handler of its own to stderr, when nothing
@@ -288,59 +319,6 @@ def ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
-
-
-def ctrl_c_until(stopped: threading.Event) -> None:
-    """A real Ctrl-C (SIGINT to the main thread), pressed again each second until ``stopped`` is
-    set: one that lands just before the main thread blocks on a lock is only seen once the lock
-    is released (CPython runs the handler when the thread next runs Python code)."""
-    while True:
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
-        if stopped.wait(1):
-            return
-
-
-@dataclass
-class Hashing:
-    """What the ``hashing`` fixture saw."""
-
-    stops: list[threading.Event]
-    waiting: threading.Event
-
-    @property
-    def stop(self) -> threading.Event:
-        """The stop flag of the latest hashing."""
-        return self.stops[-1]
-
-
-@pytest.fixture
-def hashing(monkeypatch: pytest.MonkeyPatch) -> Hashing:
-    """What the hashing engine (``integrity_fs.work``) is doing: the stop flag of each hashing
-    (the one ``storage.hash_range`` is given) and whether the latest one has handed out every
-    task and waits for its workers, for tests that stop it at a chosen point."""
-    from integrity_fs import storage, work
-
-    seen = Hashing([], threading.Event())
-    hash_range, run_parallel, wait = storage.hash_range, work.run_parallel, work.wait
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        stop = kwargs.get("stop")
-        if stop is not None and all(stop is not s for s in seen.stops):
-            seen.stops.append(stop)
-        return hash_range(*args, **kwargs)
-
-    def parallel(*args: Any, **kwargs: Any) -> Any:
-        seen.waiting.clear()  # a new hashing: its tasks are not all handed out yet
-        return run_parallel(*args, **kwargs)
-
-    def waits(*args: Any, **kwargs: Any) -> Any:
-        seen.waiting.set()
-        return wait(*args, **kwargs)
-
-    monkeypatch.setattr(storage, "hash_range", recording)
-    monkeypatch.setattr(work, "run_parallel", parallel)
-    monkeypatch.setattr(work, "wait", waits)
-    return seen
 
 
 def sigint_as_in_a_terminal() -> None:

@@ -1,10 +1,10 @@
 """One rank of a distributed DCP test where ranks disagree: ``python dist_dcp_hostile_worker.py SPEC.json RANK``.
 
-Each scenario saves a checkpoint (every rank with the spec's ``kwargs``, updated by its own
-``rank_kwargs``; with dcp.save, or with torch's save and a HashingFsspecWriter per rank), then
-every rank checks it with a local verify; or saves one plainly, optionally strips its manifest,
-and loads it with per-rank arguments. Writes this rank's outcomes to ``rank<RANK>.json``; a hang
-fails the test (short collective timeout).
+Each scenario saves a checkpoint with dcp.save (every rank with the spec's ``kwargs``, updated by
+its own ``rank_kwargs``), then every rank checks it with a local verify and lists what was
+written; or saves one plainly, optionally strips its manifest, and loads it with per-rank
+arguments. Writes this rank's outcomes to ``rank<RANK>.json``; a hang fails the test (short
+collective timeout).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as torch_dcp
 from dist_rank import run_rank
 from torch.distributed.checkpoint import CheckpointException
 
@@ -42,17 +41,14 @@ def attempt(fn: Callable[[], object]) -> dict[str, Any]:
 
 
 def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
-    url = scenario["url"]
+    url = scenario["url"] + ("/" + scenario["ckpt"] if "ckpt" in scenario else "")
     kwargs = {**scenario.get("kwargs", {}), **scenario.get("rank_kwargs", {}).get(str(rank), {})}
     out: dict[str, Any] = {}
-    if scenario["op"] in ("save", "writer"):
-        if scenario["op"] == "save":
-            out["save"] = attempt(lambda: dcp.save(state(rank), url, **kwargs))
-        else:
-            writer = dcp.HashingFsspecWriter(url, **kwargs)
-            out["save"] = attempt(lambda: torch_dcp.save(state(rank), storage_writer=writer))
+    if scenario["op"] == "save":
+        out["save"] = attempt(lambda: dcp.save(state(rank), url, **kwargs))
         dist.barrier()
         out["verify"] = attempt(lambda: integrity_fs.verify(url))
+        out["written"] = sorted(str(p.relative_to(scenario["url"])) for p in Path(scenario["url"]).rglob("*"))
         return out
     dcp.save(state(rank), url)
     dist.barrier()

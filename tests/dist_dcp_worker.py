@@ -1,15 +1,14 @@
 """One rank of a distributed DCP test: ``python dist_dcp_worker.py SPEC.json RANK``.
 
-For each target (a local directory, and an S3 prefix when the spec has an endpoint): save (reads
-counted by the kernel or the S3 server), load, load through VerifyingFsspecReader, async_save in
-DCP's checkpoint process, corrupt and load, load without a manifest. Writes this rank's
-outcomes to ``rank<RANK>.json``.
+For each target (a local directory, and an S3 prefix when the spec has an endpoint): signed saves
+(the key on rank 0 only; a bad key), save (reads counted by the kernel or the S3 server), load,
+load through VerifyingFsspecReader, a load by rank 0 alone, corrupt and load, load without a
+manifest. Writes this rank's outcomes to ``rank<RANK>.json``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +19,9 @@ import torch.distributed.checkpoint as torch_dcp
 from dist_rank import run_rank
 from read_counting import reads_under
 from torch.distributed.checkpoint import CheckpointException
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 import integrity_fs
-from integrity_fs import MANIFEST_FILENAME, SIGNATURE_FILENAME, IntegrityError, Manifest, Report, dcp, read_manifest
+from integrity_fs import MANIFEST_FILENAME, IntegrityError, Manifest, Report, dcp
 
 
 def state(rank: int, *, empty: bool = False) -> dict[str, Any]:
@@ -96,32 +94,8 @@ def on_rank0(rank: int, fn: Callable[[], None]) -> None:
     dist.barrier()
 
 
-def async_save_in_a_process(
-    url: str, options: dict[str, Any], source: dict[str, Any], rank: int, keys: dict[str, str] | None
-) -> dict[str, Any]:
-    """DCP's async_save with its process executor: the writer (and its signing key) is pickled into
-    DCP's checkpoint process."""
-    key = keys["private"] if keys is not None and rank == 0 else None
-    writer = dcp.HashingFsspecWriter(url, private_key=key, **options)
-    saved = attempt(
-        lambda: torch_dcp.async_save(
-            source, storage_writer=writer, async_checkpointer_type=AsyncCheckpointerType.PROCESS
-        ).result()
-    )
-    out: dict[str, Any] = {"save": saved["type"], "message": saved.get("message")}
-    if saved["type"] == "Metadata":
-        # That process wrote the manifest: this process's writer is a copy that never ran.
-        out["manifest"] = attempt(lambda: read_manifest(url, storage_options=options)).get("manifest")
-        if keys is not None:
-            verified = attempt(lambda: integrity_fs.verify(url, storage_options=options, public_key=keys["public"]))
-            out["signed"] = verified["type"]
-        target = state(rank, empty=True)
-        out["load"] = {**attempt(lambda: dcp.load(target, url, storage_options=options)), "equal": same(target, source)}
-    return out
-
-
 def signed_saves(url: str, options: dict[str, Any], rank: int, keys: dict[str, str]) -> dict[str, Any]:
-    """Signed saves with the key on rank 0 only: good; a bad key; a signature that fails in ``finish``."""
+    """Signed saves with the key on rank 0 only: good; a bad key (refused before DCP writes)."""
     fs, root = fsspec.core.url_to_fs(url, **options)
     source = state(rank)
     out: dict[str, Any] = {}
@@ -134,28 +108,11 @@ def signed_saves(url: str, options: dict[str, Any], rank: int, keys: dict[str, s
     out["bad-key"] = attempt(lambda: dcp.save(source, url + "-bad-key", storage_options=options, private_key=bad))
     dist.barrier()
     out["bad-key"]["written"] = fs.exists(f"{root}-bad-key")
-    failing = integrity_fs.signing.sign
-
-    def sign_fails(*args: Any, **kwargs: Any) -> bytes:
-        raise OSError("injected: the signer failed")
-
-    integrity_fs.signing.sign = sign_fails  # type: ignore[assignment]
-    try:
-        out["sign-fails"] = attempt(
-            lambda: dcp.save(source, url + "-sign-fails", storage_options=options, private_key=key)
-        )
-    finally:
-        integrity_fs.signing.sign = failing  # type: ignore[assignment]
-    dist.barrier()
-    fs.invalidate_cache()
-    out["sign-fails"]["written"] = sorted(
-        name for name in (MANIFEST_FILENAME, SIGNATURE_FILENAME) if fs.exists(f"{root}-sign-fails/{name}")
-    )
     return out
 
 
 def run_target(
-    url: str, options: dict[str, Any], rank: int, world: int, *, async_process: bool, keys: dict[str, str] | None
+    url: str, options: dict[str, Any], rank: int, world: int, *, keys: dict[str, str] | None
 ) -> dict[str, Any]:
     fs, root = fsspec.core.url_to_fs(url, **options)
     out: dict[str, Any] = {}
@@ -178,16 +135,16 @@ def run_target(
     reads.close()
 
     target = state(rank, empty=True)
-    reader = dcp.VerifyingFsspecReader(url, **options)
+    reader = dcp.VerifyingFsspecReader(url, storage_options=options)
     loaded = attempt(lambda: torch_dcp.load(target, storage_reader=reader))
-    out["reader"] = {**loaded, "equal": same(target, source), "report": reader.report and reader.report.to_dict()}
+    out["reader"] = {**loaded, "equal": same(target, source), "report": reader.report().to_dict()}
 
     # A load by one rank alone inside an initialised group (conversion and evaluation jobs do
     # this): the verifying reader starts no collective of its own, so nothing waits for rank 1.
     dist.barrier()
     if rank == 0:
         target = state(rank, empty=True)
-        alone = dcp.VerifyingFsspecReader(url, **options)
+        alone = dcp.VerifyingFsspecReader(url, storage_options=options)
         out["subset"] = {
             **attempt(lambda: torch_dcp.load(target, storage_reader=alone, no_dist=True)),
             "equal": same(target, source),
@@ -208,7 +165,7 @@ def run_target(
         "verified-only": only_verified(target, source, state(rank, empty=True)),
     }
     target = state(rank, empty=True)
-    reader = dcp.VerifyingFsspecReader(url, **options)
+    reader = dcp.VerifyingFsspecReader(url, storage_options=options)
     out["reader-corrupt"] = {
         **attempt(lambda: torch_dcp.load(target, storage_reader=reader)),
         "verified-only": only_verified(target, source, state(rank, empty=True)),
@@ -235,9 +192,6 @@ def run_target(
         "verified-only": not target[f"rank{rank}"].any(),
     }
 
-    if async_process:
-        out["async-process"] = async_save_in_a_process(url + "-async", options, source, rank, keys)
-
     unsealed = url + "-unsealed"
     dcp.save(source, unsealed, storage_options=options)
     on_rank0(rank, lambda: fs.rm_file(f"{root}-unsealed/{MANIFEST_FILENAME}"))
@@ -262,15 +216,12 @@ def run_target(
 def run_all(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     world = spec["world_size"]
     return {
-        name: run_target(
-            target["url"], target["options"], rank, world, async_process=spec["async_process"], keys=spec.get("keys")
-        )
+        name: run_target(target["url"], target["options"], rank, world, keys=spec.get("keys"))
         for name, target in spec["targets"].items()
     }
 
 
 def main() -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # for DCP's checkpoint process (async_save)
     run_rank(run_all)
 
 

@@ -20,8 +20,10 @@ import fsspec
 import torch
 import torch.distributed as dist
 from dist_rank import run_rank
+from fsspec.callbacks import Callback
+from fsspec.spec import AbstractFileSystem
 
-from integrity_fs import MANIFEST_FILENAME, dcp, distributed, storage
+from integrity_fs import MANIFEST_FILENAME, dcp, distributed
 
 
 def state(rank: int, value: int) -> dict[str, Any]:
@@ -60,23 +62,51 @@ class Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-class HashedBytes:
-    """Counts the bytes this rank hashes (storage.hash_range is where every read of content goes)."""
+class Hashed(Callback):  # type: ignore[misc]  # fsspec is untyped
+    """Counts the bytes this rank hashes (a progress callback); ``interrupt``: a Ctrl-C at the first."""
 
-    def __init__(self) -> None:
+    def __init__(self, interrupt: bool = False) -> None:
+        super().__init__()
         self.total = 0
-        self._original = storage.hash_range
-        counter = self
+        self.interrupt = interrupt
 
-        def counting(span: storage.Span, *args: Any, **kw: Any) -> str:
-            counter.total += span.length
-            return counter._original(span, *args, **kw)
+    def relative_update(self, inc: int = 1) -> None:
+        if self.interrupt and inc:
+            raise KeyboardInterrupt("injected")
+        self.total += inc
 
-        storage.hash_range = counting  # type: ignore[assignment]
 
-    def close(self) -> int:
-        storage.hash_range = self._original  # type: ignore[assignment]
-        return self.total
+class Faulty(AbstractFileSystem):
+    """The target's files through a filesystem of their own whose listing (``fault="list"``) or
+    reads of content (``fault="read"``) fail; every rank uses one, the fault is one rank's."""
+
+    protocol = "faulty-latest"
+    root_marker = ""
+
+    def __init__(self, inner: Any, fault: str | None) -> None:
+        super().__init__(skip_instance_cache=True)
+        self.inner, self.fault = inner, fault
+
+    def _denied(self, path: str) -> PermissionError:
+        return PermissionError(13, "Permission denied (injected)", path)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        if self.fault == "list":
+            raise self._denied(path)
+        return self.inner.ls(path, detail=detail, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self.inner.info(path, **kwargs)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if self.fault == "read" and "r" in mode and not path.endswith(MANIFEST_FILENAME):
+            raise self._denied(path)
+        return self.inner._open(path, mode, **kwargs)
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+        if self.fault == "read" and not path.endswith(MANIFEST_FILENAME):
+            raise self._denied(path)
+        return self.inner.cat_file(path, start=start, end=end, **kwargs)
 
 
 def attempt(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -89,21 +119,11 @@ def attempt(fn: Callable[[], Any]) -> dict[str, Any]:
     return {"type": type(value).__name__, "value": value}
 
 
-def on_one_rank(
-    rank: int, faulty: int, function: str, error: BaseException, url: str, options: dict[str, Any]
-) -> dict[str, Any]:
-    """distributed.latest_verified while ``storage.<function>`` raises ``error`` on rank ``faulty`` only."""
-    original = getattr(storage, function)
-
-    def fail(*args: Any, **kwargs: Any) -> Any:
-        raise error
-
-    if rank == faulty:
-        setattr(storage, function, fail)
-    try:
-        return attempt(lambda: distributed.latest_verified(url, storage_options=options))
-    finally:
-        setattr(storage, function, original)
+def on_one_rank(rank: int, faulty: int, fault: str, url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """distributed.latest_verified while the listing or the reads of rank ``faulty`` fail."""
+    inner, root = fsspec.core.url_to_fs(url, **options)
+    fs = Faulty(inner, fault if rank == faulty else None)
+    return attempt(lambda: distributed.latest_verified(root, fs=fs))
 
 
 def on_rank0(rank: int, fn: Callable[[], None]) -> None:
@@ -134,27 +154,25 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
     warnings = Warnings()
     logging.getLogger("integrity_fs").addHandler(warnings)
     target = state(rank, 0)
-    counter = HashedBytes()
+    world = dist.group.WORLD
+    counter = Hashed()
     out["load_latest"] = {
-        **attempt(lambda: dcp.load_latest(target, url, storage_options=options)),
+        **attempt(lambda: dcp.load_latest(target, url, storage_options=options, group=world, callback=counter)),
         "loaded_200": same(target, state(rank, 200)),
         "warnings": warnings.messages,
-        "hashed": counter.close(),
+        "hashed": counter.total,
     }
     warnings.messages = []
-    counter = HashedBytes()
+    counter = Hashed()
     out["rank0_mode"] = {
-        **attempt(lambda: distributed.latest_verified(url, mode="rank0", storage_options=options)),
-        "hashed": counter.close(),
+        **attempt(lambda: distributed.latest_verified(url, mode="rank0", storage_options=options, callback=counter)),
+        "hashed": counter.total,
     }
     out["quick"] = attempt(lambda: distributed.latest_verified(url, quick=True, storage_options=options))
-    out["listing_denied"] = on_one_rank(
-        rank, 0, "list_dirs", PermissionError(13, "Permission denied (injected)"), url, options
-    )
-    out["interrupted"] = on_one_rank(rank, 0, "list_dirs", KeyboardInterrupt("injected"), url, options)
-    out["read_denied"] = on_one_rank(
-        rank, 1, "hash_range", PermissionError(13, "Permission denied (injected)"), url, options
-    )
+    out["listing_denied"] = on_one_rank(rank, 0, "list", url, options)
+    interrupt = Hashed(interrupt=rank == 0)
+    out["interrupted"] = attempt(lambda: distributed.latest_verified(url, storage_options=options, callback=interrupt))
+    out["read_denied"] = on_one_rank(rank, 1, "read", url, options)
     logging.getLogger("integrity_fs").removeHandler(warnings)
 
     def remove_good() -> None:
@@ -164,7 +182,7 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
     on_rank0(rank, remove_good)
     target = state(rank, 0)
     out["none"] = {
-        **attempt(lambda: dcp.load_latest(target, url, storage_options=options)),
+        **attempt(lambda: dcp.load_latest(target, url, storage_options=options, group=world)),
         # One pass: the damaged step_300 may have left its verified bytes; nothing else.
         "verified_only": each_from(target, state(rank, 0), state(rank, 300)),
     }
@@ -176,7 +194,7 @@ def run_target(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
     unseen = [url, f"{url}-never"]
     target = state(rank, 0)
     out["unseen_root"] = {
-        **attempt(lambda: dcp.load_latest(target, unseen[rank], storage_options=options)),
+        **attempt(lambda: dcp.load_latest(target, unseen[rank], storage_options=options, group=world)),
         "untouched": same(target, state(rank, 0)),
     }
     bad = ["sharded", "bogus"]
@@ -221,21 +239,18 @@ def run_prune(url: str, options: dict[str, Any], rank: int) -> dict[str, Any]:
             return {"type": type(exc).__name__, "message": str(exc)}
         return {"type": "PruneResult", **result.to_dict()}
 
-    counter = HashedBytes()
-    out["dry_run"] = {**pruned(keep_last=1, dry_run=True), "hashed": counter.close()}
+    counter = Hashed()
+    out["dry_run"] = {**pruned(keep_last=1, dry_run=True, callback=counter), "hashed": counter.total}
     out["differ"] = pruned(keep_last=[1, 2][rank])
     out["bad_on_one"] = pruned(keep_last=[1, 0][rank])
-    original = storage.hash_range
-
-    def fail(*args: Any, **kwargs: Any) -> Any:
-        raise PermissionError(13, "Permission denied (injected)")
-
-    if rank == 1:
-        storage.hash_range = fail  # type: ignore[assignment]
+    inner, inner_root = fsspec.core.url_to_fs(url, **options)
+    faulty = Faulty(inner, "read" if rank == 1 else None)
     try:
-        out["denied_on_one"] = {**pruned(keep_last=1), "left": listing(fs, root)}
-    finally:
-        storage.hash_range = original  # type: ignore[assignment]
+        result = distributed.prune(inner_root, fs=faulty, keep_last=1)
+        denied: dict[str, Any] = {"type": "PruneResult", **result.to_dict()}
+    except (Exception, KeyboardInterrupt) as exc:
+        denied = {"type": type(exc).__name__, "message": str(exc)}
+    out["denied_on_one"] = {**denied, "left": listing(fs, root)}
     dist.barrier()
     out["save_differ"] = attempt(
         lambda: dcp.save(state(rank, 7), f"{url}/step_7", storage_options=options, keep_last=[2, 3][rank])

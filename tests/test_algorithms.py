@@ -124,7 +124,11 @@ def test_crc_file_digests_equal_awscrts(ckpt: Backend, algorithm: str) -> None:
     with pytest.raises(IntegrityError) as err:
         ifs.verify(ckpt.url, storage_options=ckpt.storage_options)
     (problem,) = err.value.report.problems
-    assert (problem.path, problem.kind, problem.expected) == ("small.bin", "mismatch", crc(algorithm, FILES["small.bin"]))
+    assert (problem.path, problem.kind, problem.expected) == (
+        "small.bin",
+        "mismatch",
+        crc(algorithm, FILES["small.bin"]),
+    )
 
 
 @pytest.mark.parametrize("algorithm", list(CRCS))
@@ -159,7 +163,10 @@ def test_a_flipped_bit_is_caught_with_its_byte_range(tmp_path: Path, algorithm: 
     assert problem.path == "big.bin" and problem.kind == "mismatch"
     assert problem.byte_ranges == ((start, min(len(data), start + chunk)),)
     assert problem.actual == crc(algorithm, bytes(flipped))
-    with pytest.raises(IntegrityError, match=f"big.bin: mismatch in bytes {start}-"), ifs.open(tmp_path, "big.bin") as f:
+    with (
+        pytest.raises(IntegrityError, match=f"big.bin: mismatch in bytes {start}-"),
+        ifs.open(tmp_path, "big.bin") as f,
+    ):
         f.seek(start)
         f.read(1)
 

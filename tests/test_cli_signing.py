@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cli_run import cli, flip, make_keys, stderr_pair
+from cli_run import cli, cli_process, flip, make_keys, stderr_pair
 from conftest import Backend
 
 
@@ -78,14 +78,14 @@ def test_bad_key_files_are_usage_errors(sealed: Path, tmp_path: Path) -> None:
 def test_signed_upload_to_s3_verifies_with_the_public_key(ckpt: Path, s3: tuple[Backend, list[str]]) -> None:
     backend, options = s3
     keys = make_keys(ckpt.parent)
-    target = f"{backend.url}/signed"
+    target = f"{backend.url}/run/step_1"
     proc = cli("upload", str(ckpt), target, "--chunk-size", "8MiB", "--sign-key", str(keys.private), *options)
     assert proc.returncode == 0, proc.stderr
     assert "wrote model.sig" in proc.stdout
     ok = cli("verify", target, "--public-key", str(keys.public), "--attested", *options)
     assert ok.returncode == 0, ok.stderr
     assert "every file attested" in ok.stdout and "signature checked" in ok.stdout
-    latest = cli("latest", backend.url, "--public-key", str(keys.public), *options)
+    latest = cli("latest", f"{backend.url}/run", "--public-key", str(keys.public), *options)
     assert latest.returncode == 0 and latest.stdout.strip() == target
 
 
@@ -103,3 +103,14 @@ def test_latest_with_a_key_calls_a_checkpoint_that_was_never_sealed_unsealed(ckp
     assert proc.returncode == 0 and proc.stdout == f"{run / 'step_1000'}\n", proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "WARNING: skipping" in line]
     assert len(warnings) == 1 and f"{run / 'step_3000'} (unsealed)" in warnings[0], proc.stderr
+
+
+def test_signing_without_its_package_says_what_to_install_once(ckpt: Path, tmp_path: Path) -> None:
+    keys = make_keys(tmp_path)
+    proc = cli_process(
+        "seal", str(ckpt), "--sign-key", str(keys.private), code="import sys; sys.modules['cryptography'] = None"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("pip install 'integrity-fs[sign]'") == 1, proc.stderr  # in the error line, not again
+    assert "install the package" in stderr_pair(proc)[1]
+    assert not (ckpt / "_integrity_manifest.json").exists()

@@ -250,7 +250,7 @@ def test_a_manifest_file_that_lists_itself(tmp_path: Path) -> None:
 def test_sha256sum_names_are_checked_as_manifest_names(tmp_path: Path) -> None:
     root = _tree(tmp_path / "ckpt")
     (root / "back\\slash").write_bytes(b"x")
-    with pytest.raises(ManifestError, match="line 1.*backslash"):
+    with pytest.raises(ManifestError, match=r"line 1: file name .*back.*slash.* is not a relative path"):
         formats.load(_sha256sum(root, names=["back\\slash"]))
     digest = "ab" * 32
     for bad in ("../outside", "/etc/passwd", "a/../../b", "sub//x"):
@@ -341,7 +341,7 @@ def test_a_foreign_manifest_made_over_a_signed_checkpoint_verifies(tmp_path: Pat
     (tmp_path / "a.bin").write_bytes(os.urandom(1000))
     ifs.seal(tmp_path, private_key=ec.generate_private_key(ec.SECP256R1()))
     digests = {p.name: _sha(p.read_bytes()) for p in sorted(tmp_path.iterdir())}
-    assert set(digests) == {"a.bin", ifs.MANIFEST_FILENAME, ifs.SIGNATURE_FILENAME}
+    assert set(digests) == {"a.bin", ifs.MANIFEST_FILENAME, "model.sig"}
     if tool == "sha256sum":
         (tmp_path / "SUMS").write_text("".join(f"{d}  {n}\n" for n, d in digests.items()))
     else:

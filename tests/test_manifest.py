@@ -14,6 +14,7 @@ from integrity_fs import Manifest, ManifestError
 
 D = hashlib.sha256(b"x").hexdigest()
 
+
 def doc(**changes: object) -> bytes:
     base: dict[str, object] = {"version": 1, "granularity": "file", "algorithm": "sha256", "files": {"a": D}}
     base.update(changes)

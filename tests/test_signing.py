@@ -30,16 +30,14 @@ from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 import integrity_fs as ifs
 from integrity_fs import (
     MANIFEST_FILENAME,
-    SIGNATURE_FILENAME,
     IntegrityError,
     ManifestNotFoundError,
     SignatureError,
     formats,
 )
-from integrity_fs import signing as ifs_signing
-from integrity_fs.hashing import combine_chunk_digests
 
 CHUNK = 64 * 1024
+SIGNATURE_FILENAME = "model.sig"
 
 store = backends("local", "s3")
 FILES = {
@@ -129,6 +127,25 @@ def _reseal_without_key(root: Path, **kwargs: Any) -> None:
     ifs.seal(root, **kwargs)
 
 
+def _pae(body: bytes) -> bytes:
+    """DSSE's pre-authentication encoding of an in-toto statement: what the signature signs."""
+    kind = b"application/vnd.in-toto+json"
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(body), body)
+
+
+def _signed(root: Path, key: Keys, edit: Any) -> None:
+    """``root``'s model.sig with its statement changed by ``edit`` (in place) and signed again
+    with ``key``, as someone holding the key could: the bundle stays well formed and verifies."""
+    bundle = _bundle(root)
+    statement = _statement(root)
+    edit(statement)
+    raw = json.dumps(statement).encode()
+    signature = key.private_key.sign(_pae(raw), ec.ECDSA(hashes.SHA256()))
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(raw).decode()
+    bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
+    (root / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
+
+
 def _bundle(root: Path) -> dict[str, Any]:
     bundle: dict[str, Any] = json.loads((root / SIGNATURE_FILENAME).read_bytes())
     return bundle
@@ -148,7 +165,7 @@ def test_model_signing_verifies_a_file_granularity_signature(ckpt: Path, key: Ke
     assert statement["predicateType"] == "https://model_signing/signature/v1.0"
     assert statement["subject"][0]["name"] == "step_100"
     assert statement["predicate"]["serialization"]["method"] == "files"
-    ignored = {MANIFEST_FILENAME, SIGNATURE_FILENAME, "_integrity_store_checksums.json"}
+    ignored = {MANIFEST_FILENAME, SIGNATURE_FILENAME}
     assert set(statement["predicate"]["serialization"]["ignore_paths"]) == ignored
     signed = {r["name"]: r["digest"] for r in statement["predicate"]["resources"]}
     assert signed == dict(manifest.files)
@@ -279,7 +296,7 @@ def test_an_empty_file_under_model_signing_shards_passes_while_it_is_empty(
 
     # A manifest entry for the empty file that is not the empty file's digest is refused.
     chunks = {**sealed.chunks, "empty.bin": (hashlib.sha256(b"x").hexdigest(),)}
-    files = {**sealed.files, "empty.bin": combine_chunk_digests("sha256", chunks["empty.bin"])}
+    files = {**sealed.files, "empty.bin": hashlib.sha256(bytes.fromhex(chunks["empty.bin"][0])).hexdigest()}
     store.write(MANIFEST_FILENAME, dataclasses.replace(sealed, files=files, chunks=chunks).to_json())
     with pytest.raises(SignatureError, match="empty.bin: in the manifest but not signed") as forged:
         ifs.verify(store.url, **keyed)
@@ -333,12 +350,12 @@ def test_a_model_signing_signature_that_lists_our_manifest_verifies(tmp_path: Pa
     root.mkdir()
     (root / "model.bin").write_bytes(os.urandom(1000))
     ifs.seal(root)
-    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[ifs.SIGNATURE_FILENAME])
+    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILENAME])
     config = model_signing.signing.Config().use_elliptic_key_signer(private_key=pem)
-    config.set_hashing_config(hashing).sign(root, root / ifs.SIGNATURE_FILENAME)
+    config.set_hashing_config(hashing).sign(root, root / SIGNATURE_FILENAME)
 
     assert ifs.verify(root, public_key=private.public_key()).files_checked == 1
-    assert set(formats.load((root / ifs.SIGNATURE_FILENAME).read_bytes()).files) == {"model.bin"}
+    assert set(formats.load((root / SIGNATURE_FILENAME).read_bytes()).files) == {"model.bin"}
     (root / "model.bin").write_bytes(os.urandom(1000))
     with pytest.raises(IntegrityError, match="model.bin"):
         ifs.verify(root, public_key=private.public_key())
@@ -409,15 +426,8 @@ def test_edited_payload_is_refused(ckpt: Path, key: Keys) -> None:
 
 
 def test_signed_statement_with_a_wrong_root_digest_is_refused(ckpt: Path, key: Keys) -> None:
-    manifest = ifs.seal(ckpt)
-    payload = json.loads(ifs_signing.statement(manifest, "step_100"))
-    payload["subject"][0]["digest"]["sha256"] = "0" * 64
-    raw = json.dumps(payload).encode()
-    signature = key.private_key.sign(ifs_signing.pae(raw), ec.ECDSA(hashes.SHA256()))
-    good = json.loads(ifs_signing.sign(manifest, key.private_key, "step_100"))
-    good["dsseEnvelope"]["payload"] = base64.b64encode(raw).decode()
-    good["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
-    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(good))
+    ifs.seal(ckpt, private_key=key.private)
+    _signed(ckpt, key, lambda statement: statement["subject"][0]["digest"].update(sha256="0" * 64))
     with pytest.raises(SignatureError, match="do not hash to its root digest"):
         ifs.verify(ckpt, public_key=key.public)
 
@@ -564,17 +574,13 @@ def test_seal_with_a_key_reads_each_byte_once(key: Keys) -> None:
 # --- across ranks (every rank raising the same SignatureError: test_distributed.py) ------------
 
 
-def test_signature_error_survives_the_distributed_failure_round_trip() -> None:
-    pytest.importorskip("torch.distributed")
-    from integrity_fs.distributed import Failure
-
+def test_a_signature_error_pickles_as_itself() -> None:
+    """What the collectives send between ranks (test_distributed.py checks the ranks themselves)."""
     report = ifs.Report(problems=(ifs.Problem("a.bin", "mismatch", expected="aa", actual="bb"),))
     original = SignatureError("the signed digests differ from the manifest's: a.bin", report, "s3://b/run")
-    failure = pickle.loads(pickle.dumps(Failure.from_exception(original, rank=1)))
-    rebuilt = failure.to_exception()
-    assert type(rebuilt) is SignatureError
+    rebuilt = pickle.loads(pickle.dumps(original))
+    assert type(rebuilt) is SignatureError and isinstance(rebuilt, IntegrityError)
     assert str(rebuilt) == str(original) and rebuilt.report == report and rebuilt.location == "s3://b/run"
-    assert pickle.loads(pickle.dumps(original)).detail == original.detail
 
 
 def test_fsspec_url_of_a_signed_checkpoint(ckpt: Path, key: Keys) -> None:
@@ -607,19 +613,16 @@ def test_malformed_bundles_are_signature_errors(ckpt: Path, key: Keys, edit: Any
 
 
 def test_signed_shards_that_are_not_chunks_are_refused_without_a_manifest(ckpt: Path, key: Keys) -> None:
-    manifest = ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK)
+    ifs.seal(ckpt, granularity="chunk", chunk_size=CHUNK, private_key=key.private)
     (ckpt / MANIFEST_FILENAME).unlink()
-    payload = json.loads(ifs_signing.statement(manifest, "step_100"))
-    resources = payload["predicate"]["resources"]
-    resources.insert(1, {**resources[1], "name": "a.bin:0:1000"})  # a second digest for bytes of chunk 0
-    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in resources)).hexdigest()
-    payload["subject"][0]["digest"]["sha256"] = root
-    raw = json.dumps(payload).encode()
-    bundle = json.loads(ifs_signing.sign(manifest, key.private_key, "step_100"))
-    bundle["dsseEnvelope"]["payload"] = base64.b64encode(raw).decode()
-    signature = key.private_key.sign(ifs_signing.pae(raw), ec.ECDSA(hashes.SHA256()))
-    bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
-    (ckpt / SIGNATURE_FILENAME).write_text(json.dumps(bundle))
+
+    def overlapping(statement: dict[str, Any]) -> None:
+        resources = statement["predicate"]["resources"]
+        resources.insert(1, {**resources[1], "name": "a.bin:0:1000"})  # a second digest for bytes of chunk 0
+        root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in resources)).hexdigest()
+        statement["subject"][0]["digest"]["sha256"] = root
+
+    _signed(ckpt, key, overlapping)
     with pytest.raises(SignatureError, match="not consecutive shards"):
         ifs.verify(ckpt, public_key=key.public)
 
@@ -726,12 +729,15 @@ def test_a_chunk_manifest_with_a_colon_name_fails_the_signature_check_as_signatu
 # --- what model_signing accepts, and what we declare ----------------------------------------------
 
 
-def _compat_bundle(statement: bytes, key: Keys) -> bytes:
+def _compat_bundle(statement: bytes, key: Keys, tmp_path: Path) -> bytes:
     """A bundle signed as model_signing signed before 1.0 (its ``pae_compat`` encoding)."""
     from model_signing._signing import sign_sigstore_pb
 
     signature = key.private_key.sign(sign_sigstore_pb.pae_compat(statement), ec.ECDSA(hashes.SHA256()))
-    bundle = json.loads(ifs_signing.sign(ifs.Manifest(files={}), key.private_key, "x"))
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    ifs.seal(blank, private_key=key.private)  # a bundle of ours, for its shape
+    bundle = _bundle(blank)
     bundle["dsseEnvelope"]["payload"] = base64.b64encode(statement).decode()
     bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(signature).decode()
     return json.dumps(bundle).encode()
@@ -749,7 +755,7 @@ def test_pre_1_0_signatures_that_model_signing_accepts_are_accepted(
         subjects = [{"name": n, "digest": {"sha256": hashlib.sha256(d).hexdigest()}} for n, d in FILES.items()]
         statement = {"_type": "https://in-toto.io/Statement/v1", "subject": subjects}
         statement.update(predicateType="https://model_signing/Digests/v0.1", predicate={})
-    bundle = _compat_bundle(json.dumps(statement).encode(), key)
+    bundle = _compat_bundle(json.dumps(statement).encode(), key, tmp_path)
     outside = tmp_path / "compat.sig"  # model_signing's own check, with the bundle beside the model
     outside.write_bytes(bundle)
     model_signing.verifying.Config().use_elliptic_key_verifier(public_key=key.public).verify(ckpt, outside)
@@ -785,3 +791,53 @@ def test_a_fifo_named_model_sig_is_a_signature_error_and_nothing_blocks(ckpt: Pa
         ifs.verify(ckpt, public_key=key.public)
     assert [(p.path, p.kind) for p in caught.value.report.problems] == [(SIGNATURE_FILENAME, "missing")]
     assert ifs.verify(ckpt).ok  # without a key, model.sig is not looked at
+
+
+# --- CRC manifests are never signed (issue 38) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["crc64nvme", "crc32c", "blake3"])
+def test_signing_refuses_a_manifest_that_is_not_sha256_before_anything_is_written(
+    ckpt: Path, key: Keys, algorithm: str
+) -> None:
+    """A CRC only detects accidental damage (anyone can give other bytes the same CRC), and
+    model_signing signs SHA-256: seal with a key refuses it before reading or writing anything,
+    sign refuses it, and verify with a key says why, signed or not."""
+    pytest.importorskip("blake3" if algorithm == "blake3" else "awscrt")
+    progress = fsspec.callbacks.Callback()
+    with pytest.raises(ValueError, match=f"cannot sign a {algorithm} manifest"):
+        ifs.seal(ckpt, algorithm=algorithm, private_key=key.private, callback=progress)
+    assert (
+        progress.size is None and not (ckpt / MANIFEST_FILENAME).exists() and not (ckpt / SIGNATURE_FILENAME).exists()
+    )
+
+    ifs.seal(ckpt, algorithm=algorithm)
+    with pytest.raises(ValueError, match=f"cannot sign a {algorithm} manifest"):
+        ifs.sign(ckpt, private_key=key.private)
+    assert not (ckpt / SIGNATURE_FILENAME).exists()
+    why = "a CRC only detects accidental damage" if algorithm.startswith("crc") else "model_signing signs SHA-256"
+    with pytest.raises(SignatureError, match=f"a {algorithm} manifest cannot be signed \\({why}\\)") as unsigned:
+        ifs.verify(ckpt, public_key=key.public)
+    assert [p.path for p in unsigned.value.report.problems] == [SIGNATURE_FILENAME]
+
+    # A signature of the same files' SHA-256 digests beside a CRC manifest: still refused, saying why.
+    (ckpt / MANIFEST_FILENAME).unlink()
+    ifs.seal(ckpt, private_key=key.private)
+    signature = (ckpt / SIGNATURE_FILENAME).read_bytes()
+    ifs.seal(ckpt, algorithm=algorithm, overwrite=True)  # removes the signature of the old manifest
+    (ckpt / SIGNATURE_FILENAME).write_bytes(signature)
+    with pytest.raises(SignatureError, match=f"a {algorithm} manifest cannot be signed"):
+        ifs.verify(ckpt, public_key=key.public)
+    assert ifs.verify(ckpt).ok  # without a key the CRC manifest verifies as any other
+
+
+def test_the_cli_refuses_to_sign_a_crc_manifest(ckpt: Path, key: Keys, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("awscrt")
+    from integrity_fs.cli import main
+
+    assert main(["seal", str(ckpt), "--algorithm", "crc64nvme", "--sign-key", str(key.private)]) == 2
+    assert "crc64nvme" in capsys.readouterr().err
+    assert not (ckpt / MANIFEST_FILENAME).exists()
+    assert main(["seal", str(ckpt), "--algorithm", "crc64nvme"]) == 0
+    assert main(["verify", str(ckpt), "--public-key", str(key.public)]) == 1
+    assert "cannot be signed" in capsys.readouterr().err

@@ -1,23 +1,22 @@
-"""Thousands of small files (issue 15 part 2): local whole files up to ``core.SMALL_FILE`` are
-hashed in batches, one task each, every file in one read into the task's buffer. Every check of
-the one-file-per-task path holds for a file in the middle of a batch: growth, vanishing, a FIFO,
-a shrunk file, the stop flag between files, the first failure stopping the rest."""
+"""Thousands of small files: local whole files are hashed in batches (one task reads many files).
+Every check of the one-file-per-task path holds for a file in the middle of a batch: growth,
+vanishing, a FIFO, a shrunk file, the stop between files, the first failure stopping the rest."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import AfterListing, ctrl_c_until
+from conftest import AfterListing
+from fsspec.callbacks import Callback
 
 import integrity_fs as ifs
-from integrity_fs import IntegrityError, storage
-from integrity_fs import work as core
-from integrity_fs.hashing import Unit
 
 
 def _workers_alive() -> list[threading.Thread]:
@@ -32,40 +31,41 @@ def _many(root: Path, count: int, size: int = 1000) -> dict[str, bytes]:
     return files
 
 
-def test_small_files_go_in_batches_and_large_units_alone() -> None:
-    big = core.SMALL_FILE + 1
-    units = [Unit("big", 0, 0, big, big), Unit("chunked", 1, 100, 100, 1000), Unit("lone-chunk", 0, 0, 10, 10)]
-    units += [Unit(f"s{i}", 0, 0, 1000, 1000) for i in range(core.BATCH_FILES + 1)]
-    units += [Unit(f"m{i}", 0, 0, core.SMALL_FILE, core.SMALL_FILE) for i in range(5)]
-    tasks = core._tasks(sorted(units, key=lambda u: -u.length))
-    per_batch = core.BATCH_BYTES // core.SMALL_FILE
-    assert [len(t) for t in tasks] == [1, per_batch, core.BATCH_FILES, 1, 7 - per_batch]
-    assert tasks[0] == [units[0]]  # larger than SMALL_FILE: a task of its own
-    assert [u.name for u in tasks[1]] == [f"m{i}" for i in range(per_batch)]  # BATCH_BYTES ends it
-    assert [u.name for u in tasks[3]] == ["chunked"]  # a chunk that is not its whole file
-    assert tasks[-1][-1].name == "lone-chunk"  # a file's only chunk is its whole file
+@pytest.mark.parametrize("workers", [1, 3])
+def test_many_small_files_hash_to_their_own_digests(tmp_path: Path, workers: int) -> None:
+    files = _many(tmp_path, 130, size=3000)
+    files["empty.bin"] = b""
+    (tmp_path / "empty.bin").write_bytes(b"")
+    (tmp_path / "big.bin").write_bytes(big := os.urandom(3 * 1024 * 1024))  # beside them, a file of its own
+    files["big.bin"] = big
+    sealed = ifs.seal(tmp_path, max_workers=workers)
+    assert dict(sealed.files) == {n: hashlib.sha256(d).hexdigest() for n, d in sorted(files.items())}
+    report = ifs.verify(tmp_path, max_workers=workers)
+    assert report.files_checked == 132 and report.bytes_checked == sum(map(len, files.values()))
 
 
-def test_a_file_that_vanished_or_became_a_fifo_inside_a_batch_is_missing(tmp_path, monkeypatch):
-    files = _many(tmp_path, 150)
+@pytest.mark.parametrize("how", ["vanished", "fifo", "folder"])
+def test_a_file_gone_after_the_listing_inside_a_batch_is_a_file_changed_error(tmp_path: Path, how: str) -> None:
+    """Deleted, or replaced by a FIFO or a folder, after the listing: a change, never damage (and
+    a FIFO is never opened for reading: nothing blocks)."""
+    _many(tmp_path, 150)
     ifs.seal(tmp_path)
-    monkeypatch.setattr(storage.calls, "_RETRY_DELAY_S", 0)
+    path = tmp_path / "d1/f061.bin"
 
     def change() -> None:
-        (tmp_path / "d1/f061.bin").unlink()
-        (tmp_path / "d2/f062.bin").unlink()
-        os.mkfifo(tmp_path / "d2/f062.bin")
+        path.unlink()
+        if how == "fifo":
+            os.mkfifo(path)
+        elif how == "folder":
+            path.mkdir()
 
-    with pytest.raises(IntegrityError) as err:
+    with pytest.raises(ifs.FileChangedError, match=r"f061\.bin changed while it was read") as err:
         ifs.verify(tmp_path, callback=AfterListing(change), max_workers=2)
-    problems = {p.path: (p.kind, p.actual) for p in err.value.report.problems}
-    assert problems == {"d1/f061.bin": ("missing", None), "d2/f062.bin": ("missing", None)}
-    assert err.value.report.files_checked == 148
-    assert len(files) == 150
+    assert not isinstance(err.value, ifs.IntegrityError)
 
 
 @pytest.mark.parametrize("how", ["grew", "shrank", "rewritten"])
-def test_a_file_changed_after_the_listing_inside_a_batch_is_a_file_changed_error(tmp_path, how):
+def test_a_file_changed_after_the_listing_inside_a_batch_is_a_file_changed_error(tmp_path: Path, how: str) -> None:
     """Every read is pinned to the identity the listing saw: a batched small file written to after
     the listing (longer, shorter, or the same size with other bytes) is never judged, never OK."""
     files = _many(tmp_path, 150)
@@ -79,67 +79,83 @@ def test_a_file_changed_after_the_listing_inside_a_batch_is_a_file_changed_error
     assert ifs.verify(tmp_path).ok
 
 
-def test_batched_files_hash_as_one_file_per_task_does(tmp_path, monkeypatch):
-    files = _many(tmp_path, 130, size=3000)
-    (tmp_path / "empty.bin").write_bytes(b"")
-    sealed = ifs.seal(tmp_path)
-    monkeypatch.setattr(core, "SMALL_FILE", -1)  # nothing is small: every file its own task
-    assert ifs.seal(tmp_path, overwrite=True).files == sealed.files
-    assert len(files) + 1 == len(sealed.files)
-    monkeypatch.undo()
-    report = ifs.verify(tmp_path, max_workers=3)
-    assert report.files_checked == 131 and report.bytes_checked == 130 * 3000
+class _Files(Callback):  # type: ignore[misc]
+    """Counts the files hashed (each small file is one progress update), calling ``each(count)``
+    after each: progress is told from the worker that read the file."""
+
+    count = 0
+
+    def __init__(self, each: Any) -> None:
+        super().__init__()
+        self.each = each
+
+    def relative_update(self, inc: int = 1) -> None:
+        super().relative_update(inc)
+        self.count += 1
+        self.each(self.count)
+
+
+@pytest.fixture
+def interrupted() -> Any:
+    """SIGINT raises ``KeyboardInterrupt`` in the main thread, as in a terminal, and sets the event first."""
+    seen = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.set()
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.timeout(30)
-def test_ctrl_c_stops_a_batch_between_files(tmp_path, monkeypatch, ctrl_c, hashing):
+def test_ctrl_c_stops_a_batch_between_files(tmp_path: Path, interrupted: threading.Event) -> None:
+    """A real Ctrl-C once 20 of 400 files are hashed; the workers go on only once it was delivered
+    (and the stop had time to be set): each stops at its next file, none outlives the call."""
     _many(tmp_path, 400, size=100)
     ifs.seal(tmp_path)
-    started_files: list[str] = []
-    original, lock = storage.hash_range, threading.Lock()
 
-    def held(span: storage.Span, *args: Any, **kwargs: Any) -> str:
-        with lock:
-            started_files.append(span.path)
-            count = len(started_files)
-        if count == 20:  # a real Ctrl-C once 20 of the 400 files have started and verify waits for them
-            assert hashing.waiting.wait(10)
-            ctrl_c_until(kwargs["stop"])
-        if count >= 20:  # no file goes on before the stop is set: nothing outruns it
-            kwargs["stop"].wait(10)
-        return original(span, *args, **kwargs)
+    def each(count: int) -> None:
+        if count == 20:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        if count >= 20:
+            interrupted.wait(10)
+            time.sleep(0.2)
 
-    monkeypatch.setattr(storage, "hash_range", held)
+    files = _Files(each)
     with pytest.raises(KeyboardInterrupt):
-        ifs.verify(tmp_path, max_workers=2)
+        ifs.verify(tmp_path, max_workers=2, callback=files)
     assert _workers_alive() == []
-    count = len(started_files)
+    count = files.count
     time.sleep(0.1)
-    assert len(started_files) == count < 120  # nothing read after the call returned
+    assert files.count == count <= 22  # 20, then at most one more per worker; nothing after the call returned
 
 
 @pytest.mark.timeout(30)
-def test_the_first_failure_stops_the_other_batches(tmp_path, monkeypatch):
+def test_the_first_failure_stops_the_other_batches(tmp_path: Path) -> None:
+    """The first file of the first batch turns into a folder after the listing: its worker fails at
+    once; the other, hashing a batch of its own (a file each 10 ms), stops at its next file."""
     _many(tmp_path, 200, size=100)
     ifs.seal(tmp_path)
-    original = storage.hash_range
-    calls: list[str] = []
+    first = tmp_path / "d0/f000.bin"
 
-    failed = threading.Event()
+    def change() -> None:
+        first.unlink()
+        first.mkdir()
 
-    def failing(span: storage.Span, *args: Any, **kwargs: Any) -> str:
-        calls.append(span.path)
-        if span.path.endswith("f001.bin"):
-            failed.set()
-            raise PermissionError(13, "denied (injected)", span.path)
-        if failed.is_set():  # no file goes on before the stop is set: nothing outruns it
-            kwargs["stop"].wait(10)
-        time.sleep(0.01)
-        return original(span, *args, **kwargs)
+    class Slow(AfterListing):
+        hashed = 0
 
-    monkeypatch.setattr(storage, "hash_range", failing)
-    with pytest.raises(PermissionError, match="injected"):
-        ifs.verify(tmp_path, max_workers=2)
+        def relative_update(self, inc: int = 1) -> None:
+            super().relative_update(inc)
+            self.hashed += 1
+            time.sleep(0.01)
+
+    progress = Slow(change)
+    with pytest.raises(ifs.FileChangedError, match="f000.bin"):
+        ifs.verify(tmp_path, max_workers=2, callback=progress)
     assert _workers_alive() == []
-    after = calls[[c.endswith("f001.bin") for c in calls].index(True) + 1 :]
-    assert len(after) <= 2 and len(calls) < 200  # each of the 2 workers stopped at its next file
+    assert progress.hashed < 20  # 199 without the stop

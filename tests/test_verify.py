@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
-import io
 import json
 import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import s3fs
-from conftest import Backend, ctrl_c_until
+from conftest import Backend
 from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import Callback
 from fsspec.implementations.memory import MemoryFileSystem
@@ -291,7 +292,7 @@ def test_cli_verify_of_a_missing_path_is_a_storage_error(tmp_path: Path, capsys:
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda p: ifs.seal(p / "nope"), FileNotFoundError, "no checkpoint directory"),
+        (lambda p: ifs.seal(p / "nope"), FileNotFoundError, "no checkpoint at"),
         (lambda p: ifs.seal(p / "file"), NotADirectoryError, "not a checkpoint directory"),
         (lambda p: ifs.verify(p / "nope"), FileNotFoundError, "no checkpoint at"),
         (lambda p: ifs.verify(p / "file"), NotADirectoryError, "not a checkpoint directory"),
@@ -306,10 +307,10 @@ def test_bad_input_gets_a_clear_typed_error(tmp_path, call, error, message):
         call(tmp_path)
 
 
-# --- attested: a file gone since the listing is missing ----------------------------------------------
+# --- attested: a file gone since the listing is a change, not damage --------------------------------
 
 
-def test_attested_verify_reports_a_vanished_file_as_missing(s3_backend: Backend) -> None:
+def test_attested_verify_of_a_file_gone_since_the_listing_is_a_file_changed_error(s3_backend: Backend) -> None:
     s3_backend.write("kept.bin", b"kept")
     s3_backend.write("gone.bin", b"gone")
     ifs.seal(s3_backend.url, storage_options=s3_backend.storage_options)
@@ -321,14 +322,14 @@ def test_attested_verify_reports_a_vanished_file_as_missing(s3_backend: Backend)
             out = super().find(path, *args, **kwargs)
             name = f"{s3_backend.root}/gone.bin"
             if kwargs.get("detail"):
-                out[name] = {"name": name, "type": "file", "size": 4}
+                out[name] = {"name": name, "type": "file", "size": 4, "ETag": '"0123"'}
             return out
 
     s3_backend.remove("gone.bin")
     fs = StaleListing(**s3_backend.storage_options, skip_instance_cache=True)
-    with pytest.raises(IntegrityError) as caught:
+    with pytest.raises(ifs.FileChangedError, match="gone.bin") as caught:
         ifs.verify(s3_backend.root, fs=fs, attested=True)
-    assert [(p.path, p.kind) for p in caught.value.report.problems] == [("gone.bin", "missing")]
+    assert not isinstance(caught.value, IntegrityError)
 
 
 # --- a stop (Ctrl-C, the first failure) ends every worker before the call returns --------------------
@@ -338,106 +339,106 @@ def _workers_alive() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("integrity_fs_")]  # the hashing pool
 
 
-#: The pieces a ``SlowFS`` file is read in: a 2 MiB file is 128 of them.
-PIECE = 16 * 1024
-
-
-class _SlowFile(io.RawIOBase):
-    """A file read in pieces of at most ``PIECE`` bytes, each counted, each after ``before_read``."""
-
-    def __init__(self, fs: SlowFS, name: str, data: bytes) -> None:
-        self.fs, self.name, self.data, self.pos = fs, name, data, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
-        if self.name in self.fs.fail:
-            raise self.fs.fail[self.name]
-        self.fs.before_read(self.name)
-        n = min(len(buf), PIECE, len(self.data) - self.pos)
-        buf[:n] = self.data[self.pos : self.pos + n]
-        self.pos += n
-        self.fs.pieces[self.name] += 1
-        return n
-
-
 class SlowFS(MemoryFileSystem):
+    """fsspec's memory store, whose reads (``cat_file`` of a range) each call ``before_read`` first
+    and are counted per file; a file in ``fail`` raises its exception instead."""
+
     protocol = "slowfs"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fail: dict[str, BaseException] = {}
-        self.pieces: collections.Counter[str] = collections.Counter()
+        self.failed = threading.Event()
+        self.reads: collections.Counter[str] = collections.Counter()
         self.before_read: Callable[[str], object] = lambda name: None
 
-    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if "r" not in mode:
-            return super()._open(path, mode, **kwargs)
-        return _SlowFile(self, path.rsplit("/", 1)[-1], self.cat_file(path))
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+        name = path.rsplit("/", 1)[-1]
+        if name in self.fail:
+            self.failed.set()
+            raise self.fail[name]
+        if name in LARGE:
+            self.before_read(name)
+            self.reads[name] += 1
+        return super().cat_file(path, start, end, **kwargs)
 
 
-#: The large files of ``slow``, read in 2 MiB / ``PIECE`` = 128 pieces each.
+#: The large files of ``slow``: each more than two reads long (a read of an object store takes 8 MiB).
 LARGE = [f"f{i}.bin" for i in range(4)]
+SIZE = 2 * 8 * 1024 * 1024 + 1
 
 
 @pytest.fixture
 def slow() -> Any:
     fs = SlowFS(skip_instance_cache=True)
     root = f"/slow-{uuid.uuid4().hex}"
+    data = os.urandom(SIZE)
     for name in LARGE:
-        fs.pipe_file(f"{root}/{name}", os.urandom(2 * 1024 * 1024))
+        fs.pipe_file(f"{root}/{name}", data)
     fs.pipe_file(f"{root}/bad.bin", b"x")
-    ifs.seal(root, fs=MemoryFileSystem(skip_instance_cache=True))  # the same store, read fast
+    ifs.seal(root, fs=MemoryFileSystem(skip_instance_cache=True))  # the same store, read without delays
     yield fs, root
     fs.rm(root, recursive=True)
 
 
+@pytest.fixture
+def interrupted() -> Any:
+    """A real Ctrl-C whose delivery is seen: SIGINT raises ``KeyboardInterrupt`` in the main thread
+    (as in a terminal) and sets the event first."""
+    seen = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.set()
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.timeout(30)
-def test_ctrl_c_stops_every_worker_before_the_call_returns(slow, ctrl_c, hashing):
+def test_ctrl_c_stops_every_worker_before_the_call_returns(slow: Any, interrupted: threading.Event) -> None:
+    """Every large file is being read when Ctrl-C comes; each worker's read returns only once it
+    was delivered (and a little later): none reads on to the file's end, none outlives the call."""
     fs, root = slow
-    # Once every large file is being read (and verify waits for its workers): a real Ctrl-C; the
-    # readers go on only once the stop is set, so none can outrun it.
-    everyone = threading.Barrier(len(LARGE), action=lambda: hashing.waiting.wait(10) and ctrl_c_until(hashing.stop))
-    fs.before_read = lambda name: fs.pieces[name] == 0 and everyone.wait(10)
+
+    def once_all_read() -> None:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    everyone = threading.Barrier(len(LARGE), action=once_all_read)
+
+    def before_read(name: str) -> None:
+        if fs.reads[name] == 0:
+            everyone.wait(10)
+            interrupted.wait(10)
+            time.sleep(0.3)  # the main thread sets the stop meanwhile
+
+    fs.before_read = before_read
     with pytest.raises(KeyboardInterrupt):
         ifs.verify(root, fs=fs, max_workers=4)
     assert _workers_alive() == []
-    assert [fs.pieces[name] < 128 for name in LARGE] == [True] * len(LARGE)  # none was read to its end
+    assert interrupted.is_set()
+    assert [fs.reads[name] for name in LARGE] == [1] * len(LARGE)  # each stopped after its first read
 
 
 @pytest.mark.timeout(30)
-def test_the_first_failure_stops_the_other_workers(slow, hashing):
+def test_the_first_failure_stops_the_other_workers(slow: Any) -> None:
     fs, root = slow
     fs.fail["bad.bin"] = PermissionError("denied")
-    fs.before_read = lambda name: hashing.stop.wait(10)  # nothing read before bad.bin fails: none outruns it
+
+    def before_read(name: str) -> None:
+        if fs.reads[name] == 0:  # nothing read before bad.bin fails, then the stop has time to come
+            fs.failed.wait(10)
+            time.sleep(0.3)
+
+    fs.before_read = before_read
     with pytest.raises(PermissionError):
         ifs.verify(root, fs=fs, max_workers=5)
     assert _workers_alive() == []
-    assert [fs.pieces[name] < 128 for name in LARGE] == [True] * len(LARGE)  # none was read to its end
-
-
-class _Stream:
-    def __init__(self, fs: StallingFS, path: str) -> None:
-        self.fs, self.path, self.pos = fs, path, 0
-
-    async def read(self, n: int = -1) -> bytes:
-        if self.path.endswith("stalled.bin"):
-            self.fs.stalling.set()
-            try:
-                await asyncio.sleep(3600)  # a server that accepted the request and never answers
-            except asyncio.CancelledError:
-                self.fs.cancelled = True
-                raise
-        else:  # the other file's bytes (and so the interrupt) come once the stalled read is waiting
-            while not self.fs.stalling.is_set():
-                await asyncio.sleep(0.01)
-        data = self.fs.files[self.path][self.pos : self.pos + (n if n >= 0 else None)]  # type: ignore[operator]
-        self.pos += len(data)
-        return data
-
-    async def close(self) -> None:
-        pass
+    assert fs.failed.is_set()
+    assert all(fs.reads[name] <= 1 for name in LARGE), fs.reads  # none read on past its first read
 
 
 class StallingFS(AsyncFileSystem):  # type: ignore[misc]
@@ -473,10 +474,19 @@ class StallingFS(AsyncFileSystem):  # type: ignore[misc]
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if path not in self.files:
             raise FileNotFoundError(path)
+        if path.endswith("stalled.bin"):
+            self.stalling.set()
+            try:
+                await asyncio.sleep(3600)  # a server that accepted the request and never answers
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+        elif not path.endswith(
+            MANIFEST_FILENAME
+        ):  # the other file's bytes (and so the interrupt) come once the stalled read waits
+            while not self.stalling.is_set():
+                await asyncio.sleep(0.01)
         return self.files[path][start:end]
-
-    async def open_async(self, path: str, mode: str = "rb", **kwargs: Any) -> _Stream:
-        return _Stream(self, path)
 
 
 class _InterruptOnProgress(Callback):  # type: ignore[misc]

@@ -1,11 +1,6 @@
 """``integrity-fs``: parse the arguments, call one library function, print its result, map its
 exception to an exit code (0 ok, 1 integrity failure, 2 usage error or refusal, 3 manifest
-missing or invalid, 4 storage or I/O error, 130 interrupted).
-
-Under torchrun (``WORLD_SIZE`` > 1) ``seal``, ``verify``, ``latest``, ``prune`` and ``status`` run
-as collectives of :mod:`integrity_fs.distributed`: the ranks join a gloo group (unless one exists),
-agree on the whole command line first, rank 0 alone prints, and every rank exits with one code.
-"""
+missing or invalid, 4 storage or I/O error, 130 interrupted); under torchrun, see :func:`launched`."""
 
 from __future__ import annotations
 
@@ -21,36 +16,29 @@ from typing import Any, NoReturn
 
 import integrity_fs
 
-from .. import MANIFEST_FILENAME
+from .. import MANIFEST_FILENAME, __version__, runs, storage
+from ..collectives import MODES, agree, check_same, gather, group_of, rank, torch_distributed
 from ..hashing import ALGORITHMS
 from ..options import MANIFEST_FORMATS, SealOptions, VerifyOptions
+from ..report import shortened
 from .output import (
+    HINTS,
     PROG,
-    KeyFileError,
-    NoneVerified,
     UsageError,
     cli_logging,
     extra_note,
     format_bytes,
     format_work,
+    plural,
     print_failure,
     print_json,
     remember_typed,
     report_error,
     running,
-    skipped_checkpoints,
     tidy,
 )
 
 COLLECTIVE = ("seal", "verify", "latest", "prune", "status")
-VERDICTS = (
-    "ok (every byte hashed), sizes ok (names and sizes only: the default), damaged, unsealed, invalid (a manifest "
-    "this installation cannot read), changing (a file changed while it was read), deleting (a prune was deleting "
-    "it), other (a folder that is not one of the run's checkpoints), leftover / staging (the staging folder of a "
-    "dead / live forced transfer)"
-)
-
-# ----------------------------------------------------------------------------- argument values
 
 
 def storage_option(text: str) -> tuple[tuple[str, ...], Any]:
@@ -60,7 +48,7 @@ def storage_option(text: str) -> tuple[tuple[str, ...], Any]:
     if not sep:
         raise argparse.ArgumentTypeError(f"{text!r} has no '=': write -o key=value, e.g. -o anon=true")
     if not all(parts):
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty key or key part: write -o key=value or -o outer.inner=value")
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty key or key part: write -o key=value or -o a.b=value")
     try:
         return parts, json.loads(raw)
     except (ValueError, RecursionError):
@@ -79,131 +67,117 @@ def storage_options(*lists: Sequence[tuple[tuple[str, ...], Any]]) -> dict[str, 
         if isinstance(node.get(parts[-1]), dict):
             raise UsageError(f"-o {'.'.join(parts)} is a group of options and cannot also be set to a value")
         node[parts[-1]] = value
-        if parts[-1] == "endpoint_url":  # gcsfs probes each bucket over gRPC first (a minute against an emulator)
+        if parts[-1] == "endpoint_url":  # else gcsfs probes each bucket over gRPC first (a minute on an emulator)
             os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     return options
 
 
 def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-_SIZE = re.compile(r"(\d+)\s*(?:([kmgtp])(i?))?(b?)", re.IGNORECASE)
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least 1")
+    return int(text)
 
 
 def size(text: str) -> int:
-    """Bytes, or a unit: ``64MiB`` = ``64Mi`` = ``64M`` = 64 × 2^20 (as dd reads them), ``64MB`` = 64 × 10^6."""
-    match = _SIZE.fullmatch(text.strip())
+    """Bytes, or a unit: ``64MiB`` = ``64Mi`` = ``64M`` = 64 * 2^20 (as dd reads them), ``64MB`` = 64 * 10^6."""
+    match = re.fullmatch(r"(\d+)\s*(?:([kmgtp])(i?))?(b?)", text.strip(), re.IGNORECASE)
     if not match or int(match[1]) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size of at least 1 byte like 67108864, 64MiB (binary) or 64MB (decimal)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 67108864, 64MiB (binary) or 64MB (decimal)")
     power = "kmgtp".index(match[2].lower()) + 1 if match[2] else 0
-    return int(match[1]) * (1000 if match[4] and not match[3] else 1024) ** power
+    return int(match[1]) * int((1000 if match[4] and not match[3] else 1024) ** power)
 
 
-# ----------------------------------------------------------------------------- the parser
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting: argument errors get the usual two lines (and JSON)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message, f"see `{self.prog} --help`")
-
-
-def common(parser: argparse.ArgumentParser, *, top: bool, hidden: Sequence[str] = ()) -> None:
-    """Options taken before or after the command (after it they win; ``-o`` adds up). ``hidden``:
-    accepted, so that a script may pass them to every command, but of no use to this one."""
-    default = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
-    shown = lambda name, text: argparse.SUPPRESS if name in hidden else text  # noqa: E731
-    group = parser.add_argument_group("common options")
-    group.add_argument("-o", "--option", type=storage_option, action="append", default=[], dest="o_top" if top else "o_cmd", metavar="KEY=VALUE",
-                       help=shown("-o", "fsspec storage option, repeatable; dotted keys nest, values are JSON where they parse (-o anon=true -o client_kwargs.endpoint_url=http://127.0.0.1:9000)"))
-    group.add_argument("--workers", type=positive, metavar="N", default=default(None), help=shown("--workers", "files or chunks read at once (default: CPUs locally, 16 remote)"))
-    group.add_argument("--no-progress", action="store_true", default=default(False), help=shown("--no-progress", "no progress bar (there is none when stderr is not a terminal)"))
-    group.add_argument("--debug", action="store_true", default=default(False), help="debug logging, and a traceback with any error")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = Parser(prog=PROG, formatter_class=raw, description="Seal ML checkpoints with manifests and verify them, on local disks, S3, GCS and any fsspec filesystem.", epilog=EPILOG)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {integrity_fs.__version__}")
-    common(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(name: str, run: Any, summary: str, text: str, examples: Sequence[str], hidden: Sequence[str] = ()) -> argparse.ArgumentParser:
-        epilog = "examples:\n" + "".join(f"  {PROG} {name} {line}\n" for line in examples)
-        c = sub.add_parser(name, help=summary, description=f"{summary}.\n\n{text}", epilog=epilog, formatter_class=raw)
-        c.set_defaults(run=run)
-        common(c, top=False, hidden=hidden)
-        return c
-
-    def arg(c: argparse.ArgumentParser, *names: str, **kw: Any) -> None:
-        c.add_argument(*names, **kw)
-
-    flag = lambda c, name, text: arg(c, name, action="store_true", help=text)  # noqa: E731
-    url = lambda c, name="url", text="checkpoint directory: local path or fsspec URL": arg(c, name, metavar=name.upper(), help=text)  # noqa: E731
-    mode = lambda c: arg(c, "--mode", choices=("sharded", "rank0"), default="sharded", help="under torchrun: split the bytes over the ranks (sharded), or rank 0 reads them all (rank0)")  # noqa: E731
-    public = lambda c, what: arg(c, "--public-key", metavar="KEY.pub", help=f"EC public key (PEM): model.sig must verify with it; {what}")  # noqa: E731
-    pattern = lambda c: arg(c, "--pattern", metavar="P", help="the checkpoints' names with {step} for the step, e.g. 'step_{step}' (default: inferred when certain)")  # noqa: E731
-    root = lambda c: url(c, "root", "a run's directory, holding one directory per checkpoint: local path or fsspec URL")  # noqa: E731
-
-    def seal_args(c: argparse.ArgumentParser, where: str) -> None:
-        arg(c, "--algorithm", choices=ALGORITHMS, help="hash algorithm (default sha256, the only one seed-era verifiers read; blake3: pip install 'integrity-fs[blake3]'; the CRCs: [crc])")
-        arg(c, "--granularity", choices=("file", "chunk"), help="hash whole files, or fixed-size chunks (default: file; chunk with --chunk-size)")
-        arg(c, "--chunk-size", type=size, metavar="SIZE", help="chunk length (default 64MiB): bytes, or 64MiB = 64Mi = 64M = 64*2^20, 64MB = 64*10^6")
-        arg(c, "--sign-key", metavar="KEY.pem", help="EC private key (PEM, unencrypted): also write model.sig, a model_signing signature (sha256 only)")
-        flag(c, "--force", f"replace a checkpoint already sealed at {where} (only with content you trust)")
-
-    c = command("seal", cmd_seal, "hash a checkpoint directory and write its manifest", f"Hashes every file under URL and writes {MANIFEST_FILENAME} beside them, last. A sealed checkpoint\nis refused (exit 2) unless --force: sealing again accepts whatever the files hold now.", ["./checkpoints/step_1000", "s3://bucket/run/step_1000 --chunk-size 64MiB", "./step_1000 --sign-key signing-key.pem"])
-    url(c), seal_args(c, "URL"), mode(c)
-    c = command("sign", cmd_sign, "verify a sealed checkpoint, then sign its digests", "Verifies the content first (a damaged checkpoint is never signed, exit 1), then writes model.sig,\nreplacing any earlier one. An unsealed checkpoint is refused (exit 3).", ["s3://bucket/run/step_1000 --key signing-key.pem"])
-    url(c), arg(c, "--key", metavar="KEY.pem", required=True, help="EC private key (PEM, unencrypted; P-256, P-384 or P-521)")
-    c = command("verify", cmd_verify, "check a checkpoint against its manifest", "Rehashes every file the manifest lists; exit 1 if any byte differs. With --public-key, model.sig\nmust verify first.", ["s3://bucket/run/step_1000", "s3://bucket/run/step_1000 --quick        # names and sizes only", "s3://bucket/run/step_1000 --attested     # the store's checksums instead of reads", "./iter_0001000 --manifest integrity.json # Megatron's manifest", "./step_1000 --public-key signing-key.pub --json"])
-    url(c), flag(c, "--quick", "compare names and sizes only; read no content"), flag(c, "--strict", "files not in the manifest are problems too")
-    flag(c, "--attested", "S3, GCS: files whose store checksum equals the manifest's digest are confirmed unread (the store's hashing is trusted); the rest are hashed")
-    arg(c, "--manifest", metavar="FILE", help=f"verify against this manifest instead of {MANIFEST_FILENAME} (sha256sum, b3sum, Megatron's integrity.json, model.sig); a bare name is inside URL")
-    arg(c, "--manifest-format", choices=MANIFEST_FORMATS, default="auto", help="how to read --manifest (default: detected)")
-    public(c, "then the content is verified"), flag(c, "--json", "print the report as JSON on stdout"), mode(c)
-    c = command("show", cmd_show, "summarise a checkpoint's manifest", "Prints what the manifest records; reads nothing else.", ["s3://bucket/run/step_1000", "./step_1000 --json"], hidden=("--workers", "--no-progress"))
-    url(c), flag(c, "--json", "print the summary and every file as JSON")
-    c = command("export", cmd_export, "write a checkpoint's manifest in another format, on stdout", "sha256sum (what `sha256sum -c` reads), b3sum, Megatron-LM's integrity.json, or the seed's four keys.\nEach holds whole-file digests: a chunk manifest or another algorithm is refused (exit 2).", ["./step_1000 --format sha256sum > SHA256SUMS", "s3://bucket/run/iter_0001000 --format megatron > integrity.json"], hidden=("--workers", "--no-progress"))
-    url(c), arg(c, "--format", required=True, choices=("sha256sum", "b3sum", "megatron", "seed"), help="what to write")
-    c = command("status", cmd_status, "list a run's checkpoints, newest first, with their verdicts", f"One line per folder under ROOT: name, sealed or not, files, bytes, verdict. Verdicts: {VERDICTS}.\nNames and sizes only unless --full. Exit 0 when the listing worked, whatever the verdicts; 4 on a storage error.", ["s3://bucket/run", "./run --full --json"])
-    root(c), flag(c, "--full", "hash every file (default: names and sizes only)"), pattern(c)
-    public(c, "a checkpoint without such a signature, or signed as another, is damaged"), flag(c, "--json", "print a list of objects on stdout"), mode(c)
-    c = command("latest", cmd_latest, "print the URL of the newest checkpoint that verifies", "Verifies the checkpoints under ROOT newest first (hashed unless --quick) and prints the first that\npasses; the others are skipped with a WARNING. None: nothing on stdout, exit 1.", ["s3://bucket/run", './run --quick   # CKPT="$(integrity-fs latest ./run)"'])
-    root(c), flag(c, "--quick", "compare names and sizes only; read no content"), pattern(c)
-    public(c, "checkpoints without such a signature, or signed as another, are skipped"), flag(c, "--json", "print the URL and the report as JSON"), mode(c)
-    c = command("prune", cmd_prune, "delete old checkpoints, keeping the N newest that verify", "Keeps the N newest checkpoints under ROOT that verify (hashed unless --quick or --attested) and\ndeletes only checkpoints older than all of them, by step and by when they were sealed: sealed ones,\nand unsealed ones with --unsealed. Fewer than N verify, or a storage error: nothing is deleted.", ["s3://bucket/run --keep-last 3 --dry-run", "./run --keep-last 2 --unsealed --json"])
-    root(c), arg(c, "--keep-last", type=positive, required=True, metavar="N", help="keep the N newest checkpoints that verify")
-    flag(c, "--dry-run", "delete nothing: print what a real run deletes"), flag(c, "--unsealed", "delete unsealed checkpoints older than the oldest kept too")
-    flag(c, "--quick", "judge by names and sizes only"), flag(c, "--attested", "as verify --attested"), pattern(c)
-    public(c, "a checkpoint without such a signature does not verify"), flag(c, "--json", "print the result as JSON"), mode(c)
-    c = command("download", cmd_download, "copy a sealed checkpoint to a local directory, verifying it", "Each byte is read once and hashed on the way; DEST gets the verified checkpoint, or stays as it was.\nFiles not in the manifest are not downloaded.", ["s3://bucket/run/step_1000 ./step_1000"])
-    url(c), url(c, "dest", "new local directory: absent, or empty"), flag(c, "--strict", "files not in the manifest fail the download")
-    c = command("upload", cmd_upload, "copy a local checkpoint to a URL, checking or sealing it on the way", "A sealed SRC is checked against its manifest, which is sent unchanged; an unsealed one is sealed\nfrom the bytes sent. The manifest is written last.", ["./step_1000 s3://bucket/run/step_1000 -o client_kwargs.endpoint_url=http://127.0.0.1:9000"])
-    url(c, "src", "local checkpoint directory, sealed or not"), url(c, "url", "destination: fsspec URL or local path"), seal_args(c, "URL")
-    c = command("copy", cmd_copy, "copy a sealed checkpoint between any two URLs, verifying it", "Each file is verified as it streams; the manifest is written at DST last, only when every file\nmatched. -o applies to both sides, --src-o and --dst-o to one.", ["s3://bucket/run/step_1000 gs://other/run/step_1000"])
-    url(c, "src", "sealed checkpoint: fsspec URL or local path"), url(c, "dst", "destination: fsspec URL or local path")
-    for side in ("src", "dst"):
-        arg(c, f"--{side}-o", type=storage_option, action="append", default=[], dest=f"{side}_o", metavar="KEY=VALUE", help=f"storage option for {side.upper()} only, as -o")
-    flag(c, "--force", "replace a checkpoint already sealed at DST")
-    command("demo", cmd_demo, "an end-to-end run on a local S3 server: seal, corrupt, reject, download", "Starts a private S3 server (moto) in this process; needs no cloud account:\npip install 'integrity-fs[demo]'.", [""], hidden=("-o",))
-    return parser
-
-
+FLAG: dict[str, Any] = {"action": "store_true"}
+EACH: dict[str, Any] = {"action": "append", "default": [], "type": storage_option, "metavar": "KEY=VALUE"}
+#: Every argument, once: its help and its other argparse keywords (positionals show their name in capitals).
+ARGUMENTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "url": ("checkpoint directory: local path or fsspec URL", {}),
+    "root": ("a run's directory, one directory per checkpoint: local path or fsspec URL", {}),
+    "src": ("the checkpoint to copy: local path (upload) or fsspec URL", {}),
+    "dst": ("destination: fsspec URL or local path", {}),
+    "dest": ("new local directory: absent, or empty", {}),
+    "--quick": ("compare names and sizes only; read no content", FLAG),
+    "--full": ("hash every file (default: names and sizes only)", FLAG),
+    "--strict": ("files not in the manifest are problems too", FLAG),
+    "--attested": ("S3, GCS: a file whose store checksum equals its digest is confirmed unread", FLAG),
+    "--json": ("print the result as JSON on stdout", FLAG),
+    "--force": ("replace a checkpoint sealed at the destination (only with content you trust)", FLAG),
+    "--dry-run": ("delete nothing: print what a real run deletes", FLAG),
+    "--unsealed": ("delete unsealed checkpoints older than the oldest kept too", FLAG),
+    "--keep-last": ("keep the N newest checkpoints that verify", {"type": positive, "metavar": "N", "required": True}),
+    "--pattern": ("checkpoint names, {step} for the step, e.g. step_{step} (default: inferred)", {"metavar": "P"}),
+    "--public-key": ("EC public key (PEM): model.sig must verify with it", {"metavar": "KEY.pub"}),
+    "--key": ("EC private key (PEM, unencrypted; P-256, P-384 or P-521)", {"metavar": "KEY.pem", "required": True}),
+    "--sign-key": ("EC private key (PEM): also write model.sig, a model_signing signature", {"metavar": "KEY.pem"}),
+    "--algorithm": ("hash algorithm (default sha256, the only one seed-era verifiers read)", {"choices": ALGORITHMS}),
+    "--granularity": ("hash whole files (default), or chunks (with --chunk-size)", {"choices": ("file", "chunk")}),
+    "--chunk-size": ("chunk length (default 64MiB): 64MiB = 64Mi = 64M; 64MB = 64*10^6", {"type": size}),
+    "--manifest": ("verify against this manifest (sha256sum, b3sum, integrity.json, model.sig)", {"metavar": "FILE"}),
+    "--manifest-format": (
+        "how to read --manifest (default: detected)",
+        {"choices": MANIFEST_FORMATS, "default": "auto"},
+    ),
+    "--format": ("what to write", {"choices": ("sha256sum", "b3sum", "megatron", "seed"), "required": True}),
+    "--mode": ("under torchrun: ranks share the bytes, or rank 0 reads", {"choices": MODES, "default": "sharded"}),
+    "--src-o": ("storage option KEY=VALUE for SRC only, as -o", EACH),
+    "--dst-o": ("storage option KEY=VALUE for DST only, as -o", EACH),
+}
+SEALING = "--algorithm --granularity --chunk-size --sign-key --force"
+CHECKS = "--public-key --json --mode"
+VERDICTS = (
+    "ok (hashed), sizes ok (names and sizes only, the default), damaged, unsealed, invalid (a manifest\n"
+    "this installation cannot read), changing (written to while read), deleting (a prune began deleting\n"
+    "it), other (not one of the run's checkpoints), leftover / staging (a dead / live transfer's staging)"
+)
+#: Each command: its arguments, and what it does.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "seal": (f"url {SEALING} --mode", "hash a checkpoint directory and write its manifest"),
+    "sign": ("url --key", "verify a sealed checkpoint, then sign its digests"),
+    "verify": (
+        f"url --quick --strict --attested --manifest --manifest-format {CHECKS}",
+        "check a checkpoint against its manifest",
+    ),
+    "show": ("url --json", "summarise a checkpoint's manifest"),
+    "export": ("url --format", "write a checkpoint's manifest in another format, on stdout"),
+    "status": (f"root --full --pattern {CHECKS}", "list a run's checkpoints, with their verdicts"),
+    "latest": (f"root --quick --pattern {CHECKS}", "print the newest checkpoint that verifies"),
+    "prune": (
+        f"root --keep-last --dry-run --unsealed --quick --attested --pattern {CHECKS}",
+        "delete old checkpoints, keeping the N newest that verify",
+    ),
+    "download": ("url dest --strict", "copy a sealed checkpoint to a local directory, verifying it"),
+    "upload": (f"src url {SEALING}", "copy a local checkpoint to a URL, checking or sealing it on the way"),
+    "copy": ("src dst --src-o --dst-o --force", "copy a sealed checkpoint between any two URLs, verifying it"),
+    "demo": ("", "an end-to-end run on a local S3 server: seal, corrupt, reject, download"),
+}
+#: More about a command, for its --help.
+ABOUT = {
+    "seal": "A sealed checkpoint is refused (exit 2) unless --force: sealing again accepts what the files hold now.",
+    "export": "Whole-file digests only: a chunk manifest or another algorithm is refused (exit 2).",
+    "status": f"Verdicts: {VERDICTS}.\nExit 0 when the listing worked, whatever the verdicts; 4 on a storage error.",
+    "latest": "The others are skipped with a WARNING; when none verifies, nothing on stdout, exit 1.",
+    "prune": "Deletes only checkpoints older than every kept one, by step and by when they were sealed.\n"
+    "Fewer than N verify, or a storage error: nothing is deleted.",
+}
+EXAMPLES = {
+    "seal": "s3://bucket/run/step_1000 --chunk-size 64MiB",
+    "sign": "./step_1000 --key key.pem",
+    "verify": "s3://bucket/run/step_1000 --quick",
+    "show": "./step_1000 --json",
+    "export": "./step_1000 --format sha256sum > SHA256SUMS",
+    "status": "s3://bucket/run --full",
+    "latest": './run   # CKPT="$(integrity-fs latest ./run)"',
+    "prune": "s3://bucket/run --keep-last 3 --dry-run",
+    "download": "s3://bucket/run/step_1000 ./step_1000",
+    "upload": "./step_1000 s3://bucket/run/step_1000",
+    "copy": "s3://bucket/run/step_1000 gs://other/run/step_1000",
+}
+#: Common options a command accepts (a script may pass them to every command) but has no use for.
+HIDDEN = {"show": ("--workers", "--no-progress"), "export": ("--workers", "--no-progress"), "demo": ("-o",)}
 EPILOG = f"""examples:
   {PROG} seal ./checkpoints/step_1000
   {PROG} verify s3://bucket/run/step_1000 -o client_kwargs.endpoint_url=http://127.0.0.1:9000
-  {PROG} status s3://bucket/run
   {PROG} prune s3://bucket/run --keep-last 3
-  {PROG} demo
 
 exit codes:
   0  verified / ok
@@ -214,65 +188,103 @@ exit codes:
   130  interrupted (Ctrl-C)
 """
 
-# ----------------------------------------------------------------------------- helpers of the commands
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting: argument errors get the usual two lines (and JSON)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, f"see `{self.prog} --help`")
 
 
-def options(args: argparse.Namespace, *side: str) -> dict[str, Any]:
+def common(parser: argparse.ArgumentParser, *, top: bool, hidden: Sequence[str] = ()) -> None:
+    """Options taken before or after the command (after it they win; ``-o`` adds up)."""
+    helps = {
+        "-o": "fsspec storage option KEY=VALUE, repeatable; dotted keys nest, values are JSON where they parse",
+        "--workers": "files or chunks read at once (default: CPUs locally, 16 remote)",
+        "--no-progress": "no progress bar (there is none when stderr is not a terminal)",
+        "--debug": "debug logging, and tracebacks",
+    }
+    shown = {name: argparse.SUPPRESS if name in hidden else text for name, text in helps.items()}
+    unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}  # after the command: only what is given
+    group = parser.add_argument_group("common options")
+    group.add_argument("-o", "--option", dest="o_top" if top else "o_cmd", help=shown["-o"], **EACH)
+    group.add_argument("--workers", type=positive, metavar="N", help=shown["--workers"], **unset)
+    for flag in ("--no-progress", "--debug"):
+        group.add_argument(flag, action="store_true", help=shown[flag], **unset)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    about = "Seal ML checkpoints with manifests and verify them, on local disks, S3, GCS and any fsspec filesystem."
+    parser = Parser(prog=PROG, formatter_class=raw, description=about, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (arguments, summary) in COMMANDS.items():
+        epilog, about = f"example:\n  {PROG} {name} {EXAMPLES.get(name, '')}".rstrip(), ABOUT.get(name, "")
+        c = sub.add_parser(name, help=summary, description=f"{summary}.\n{about}", epilog=epilog, formatter_class=raw)
+        either = c.add_mutually_exclusive_group() if "--attested" in arguments else c  # with --quick: exit 2
+        for arg in arguments.split():
+            text, kw = ARGUMENTS[arg]
+            kw = kw if arg[0] == "-" else {"metavar": arg.upper(), **kw}
+            (either if arg in ("--quick", "--attested") else c).add_argument(arg, help=text, **kw)
+        common(c, top=False, hidden=HIDDEN.get(name, ()))
+    return parser
+
+
+Args = Any  # the parsed arguments (argparse.Namespace), with ``group`` (torchrun's, or None) and ``printed_json``
+
+
+def options(args: Args, *side: str) -> dict[str, Any]:
+    """The storage options of ``-o`` (before and after the command) and of ``side`` (``--src-o``)."""
     return storage_options(args.o_top, args.o_cmd, *(getattr(args, s) for s in side))
 
 
-def agreed(args: argparse.Namespace, step: Any) -> Any:
-    """``step()``; under torchrun on every rank, a failure on any rank raised on all."""
-    if args.group is None:
-        return step()
-    from ..collectives import agree
-
-    return agree(args.group, step)
+def agreed(args: Args, step: Any) -> Any:
+    """``step()``; under torchrun on every rank, and a failure on any rank raised on all."""
+    return step() if args.group is None else agree(args.group, step)
 
 
-def key(args: argparse.Namespace, path: str | None, *, private: bool) -> Any:
-    """The key in ``path`` (None: none), loaded before any checkpoint is read."""
-    if path is None:
-        return None
-
-    def load() -> Any:
-        try:
-            return SealOptions(private_key=path).private_key if private else VerifyOptions(public_key=path).public_key
-        except (OSError, ValueError, TypeError) as exc:
-            raise KeyFileError(str(exc)) from None
-
-    return agreed(args, load)
+def keys(args: Args) -> None:
+    """``args.private`` and ``args.public``: the keys given (or None), loaded before any checkpoint is read."""
+    private, public = getattr(args, "sign_key", getattr(args, "key", None)), getattr(args, "public_key", None)
+    try:
+        args.private = None if private is None else agreed(args, lambda: SealOptions(private_key=private).private_key)
+        args.public = None if public is None else agreed(args, lambda: VerifyOptions(public_key=public).public_key)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(str(exc), HINTS["key"]) from None
 
 
-def collective(args: argparse.Namespace, verb: str, url: str, run: Any, **kw: Any) -> Any:
+def call(args: Args, verb: str, url: str, run: Any, **kw: Any) -> Any:
     """``verb`` of the library on ``url`` with the storage options, workers and progress bar; its
-    collective in :mod:`integrity_fs.distributed` under torchrun."""
-    kw.update(storage_options=options(args), max_workers=args.workers)
+    collective in :mod:`integrity_fs.distributed` under torchrun; checks take the public key."""
+    kw.update(storage_options=options(args), **run.kw)
+    if verb != "seal":
+        kw["public_key"] = args.public
     if args.group is not None:
         from .. import distributed
 
         return getattr(distributed, verb)(url, group=args.group, mode=args.mode, **kw)
     if verb == "status":
-        from .. import runs, storage
-
-        pattern = kw.pop("pattern")
-        fs, root = storage.resolve(url, kw.pop("storage_options"))
-        return runs.status(fs, root, pattern, VerifyOptions(callback=run.callback, **kw))
-    return getattr(integrity_fs, verb)(url, callback=run.callback, **kw)
+        pattern, where = kw.pop("pattern"), storage.resolve(url, kw.pop("storage_options"))
+        return runs.status(*where, pattern, VerifyOptions(**kw))
+    return getattr(integrity_fs, verb)(url, **kw)
 
 
-def sealing(args: argparse.Namespace) -> dict[str, Any]:
-    """The seal options given (upload sends a sealed source's manifest unchanged: none are implied)."""
+def sealing(args: Args) -> dict[str, Any]:
+    """The seal options given (upload sends a sealed source's manifest unchanged: none is implied)."""
     granularity = args.granularity or ("chunk" if args.chunk_size else None)
     if granularity == "file" and args.chunk_size:
-        raise UsageError("--chunk-size applies only to --granularity chunk", "leave out --granularity file to hash in chunks of that size, or --chunk-size to hash whole files")
+        hint = "leave out --granularity file to hash in chunks of that size, or --chunk-size to hash whole files"
+        raise UsageError("--chunk-size applies only to --granularity chunk", hint)
     given = {"algorithm": args.algorithm, "granularity": granularity, "chunk_size": args.chunk_size}
     return {name: value for name, value in given.items() if value is not None}
 
 
 def print_written(head: str, manifest: Any, elapsed: float, key_path: str | None) -> None:
     print(f"{tidy(head)}: {format_work(len(manifest.files), manifest.total_bytes or 0, elapsed)}")
-    print(f"wrote {MANIFEST_FILENAME}: {manifest.algorithm}, {manifest.granularity} granularity")
+    if not head.startswith("verified"):  # sign writes model.sig alone
+        print(f"wrote {MANIFEST_FILENAME}: {manifest.algorithm}, {manifest.granularity} granularity")
     if key_path is not None:
         print(f"wrote model.sig: the manifest's digests, signed with {tidy(key_path)}")
 
@@ -287,32 +299,27 @@ def failing(url: str, tail: str) -> Iterator[None]:
         raise
 
 
-# ----------------------------------------------------------------------------- the commands
-
-
-def cmd_seal(args: argparse.Namespace) -> int:
-    given, private = sealing(args), key(args, args.sign_key, private=True)
+def seal(args: Args) -> int:
+    given = sealing(args)
     with running(args, "seal") as run:
-        manifest = collective(args, "seal", args.url, run, overwrite=args.force, private_key=private, **given)
+        manifest = call(args, "seal", args.url, run, overwrite=args.force, private_key=args.private, **given)
     print_written(f"sealed {args.url}", manifest, run.elapsed(), args.sign_key)
     return 0
 
 
-def cmd_sign(args: argparse.Namespace) -> int:
-    private = key(args, args.key, private=True)
+def sign(args: Args) -> int:
     with running(args, "sign") as run, failing(args.url, "; not signed"):
-        manifest = integrity_fs.sign(args.url, private_key=private, storage_options=options(args), max_workers=args.workers, callback=run.callback)
-    print(f"verified {tidy(args.url)}: {format_work(len(manifest.files), manifest.total_bytes or 0, run.elapsed())}")
-    print(f"wrote model.sig: the manifest's digests, signed with {tidy(args.key)}")
+        manifest = integrity_fs.sign(args.url, private_key=args.private, storage_options=options(args), **run.kw)
+    print_written(f"verified {args.url}", manifest, run.elapsed(), args.key)
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    public = key(args, args.public_key, private=False)
-    checks = dict(quick=args.quick, strict=args.strict, attested=args.attested, manifest=args.manifest, manifest_format=args.manifest_format, public_key=public)
+def verify(args: Args) -> int:
+    checks = dict(quick=args.quick, strict=args.strict, attested=args.attested, manifest=args.manifest)
+    checks["manifest_format"] = args.manifest_format
     with running(args, "verify") as run:
         try:
-            report = collective(args, "verify", args.url, run, **checks)
+            report = call(args, "verify", args.url, run, **checks)
         except integrity_fs.IntegrityError as error:
             print_report(args, error.report, run.elapsed(), error)
             raise
@@ -320,12 +327,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_report(args: argparse.Namespace, report: Any, elapsed: float, error: Exception | None = None) -> None:
+def print_report(args: Args, report: Any, elapsed: float, error: Exception | None = None) -> None:
     """JSON with --json (whole digests), else a summary and one line per problem."""
     if args.json:
-        data = {"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick, "attested": args.attested}
-        data.update(manifest=args.manifest, signature_checked=args.public_key is not None)
         args.printed_json = True
+        data = {"url": args.url, **report.to_dict(), "elapsed_s": round(elapsed, 3), "quick": args.quick}
+        data.update(attested=args.attested, manifest=args.manifest, signature_checked=args.public_key is not None)
         return print_json({**data, "error": tidy(error)} if error is not None else data)
     notes = "; names and sizes only, no content read (--quick)" if args.quick else ""
     notes += f"; against {tidy(args.manifest)}" if args.manifest else ""
@@ -333,51 +340,47 @@ def print_report(args: argparse.Namespace, report: Any, elapsed: float, error: E
         notes += f"; signature checked with {tidy(args.public_key)}"
     elif args.manifest and (args.manifest_format == "model_signing" or os.path.basename(args.manifest) == "model.sig"):
         notes += " (a model_signing bundle: its signature was NOT checked; --public-key checks it)"
-    if report.ok and args.attested and not args.quick:
-        counts: dict[str, int] = {}
-        for kind in report.attested_by.values():
-            counts[kind] = counts.get(kind, 0) + 1
-        kinds = ": " + ", ".join(f"{n} by {kind}" for kind, n in sorted(counts.items())) if counts else ""
-        n = report.files_attested
-        if n and n == report.files_checked:
-            notes += f"; every file attested by the store, none read (--attested){kinds}"
-        elif n:
-            notes += f"; {n} {'file' if n == 1 else 'files'} attested by the store unread, the rest hashed (--attested){kinds}"
-        else:
-            notes += "; no file attested by the store, all hashed (--attested)"
+    if report.ok and args.attested:
+        kinds, n = sorted(report.attested_by.values()), report.files_attested
+        by = ": " + ", ".join(f"{kinds.count(k)} by {k}" for k in sorted(set(kinds))) if kinds else ""
+        how = f"{plural(n, 'file')} attested by the store unread, the rest hashed"
+        if n in (0, report.files_checked):
+            how = "every file attested by the store, none read" if n else "no file attested by the store, all hashed"
+        notes += f"; {how} (--attested){by}"
     if isinstance(error, integrity_fs.SignatureError):
         print(f"FAILED {tidy(args.url)}: {tidy(error.detail)}", flush=True)
     elif report.ok:
         n = report.files_checked
-        work = f"{n} {'file' if n == 1 else 'files'}" if args.quick else format_work(n, report.bytes_checked, elapsed)
+        work = plural(n, "file") if args.quick else format_work(n, report.bytes_checked, elapsed)
         print(f"verified {tidy(args.url)}: {work}{notes}")
     else:
         print_failure(args.url, report.problems, notes)
-    if report.extra and not any(p.kind == "extra" for p in report.problems) and not isinstance(error, integrity_fs.SignatureError):
+    extra_failed = any(p.kind == "extra" for p in report.problems) or isinstance(error, integrity_fs.SignatureError)
+    if report.extra and not extra_failed:
         print(extra_note(report.extra, "not checked; --strict rejects such files"))
 
 
-def cmd_show(args: argparse.Namespace) -> int:
+def show(args: Args) -> int:
     manifest = integrity_fs.read_manifest(args.url, storage_options=options(args))
-    sizes = manifest.sizes or {}
+    sizes, total, chunk = manifest.sizes or {}, manifest.total_bytes, manifest.chunk_size
     largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:5]
     if args.json:
+        summary = {k: getattr(manifest, k) for k in ("version", "algorithm", "granularity", "chunk_size")}
         files = {name: {"digest": digest, "size": sizes.get(name)} for name, digest in manifest.files.items()}
-        print_json({"url": args.url, "version": manifest.version, "algorithm": manifest.algorithm, "granularity": manifest.granularity, "chunk_size": manifest.chunk_size,
-                    "file_count": len(manifest.files), "total_bytes": manifest.total_bytes, "largest": [{"path": n, "size": s} for n, s in largest], "files": files})
+        top = [{"path": name, "size": n} for name, n in largest]
+        summary.update(file_count=len(files), total_bytes=total, largest=top, files=files)
+        print_json({"url": args.url, **summary})
         return 0
-    chunks = f", chunks of {format_bytes(manifest.chunk_size)} = {manifest.chunk_size} bytes" if manifest.chunk_size else ""
-    total = manifest.total_bytes
-    print(f"manifest of {tidy(args.url)}\n  version      {manifest.version}\n  algorithm    {manifest.algorithm}\n  granularity  {manifest.granularity}{chunks}")
-    print(f"  files        {len(manifest.files)}\n  total size   {'unknown: no sizes recorded' if total is None else f'{format_bytes(total)} = {total} bytes'}")
-    if largest:
-        print("largest files:")
-        for name, n in largest:
-            print(f"  {format_bytes(n):>10}  {tidy(name)}")
+    print(f"manifest of {tidy(args.url)}\n  version      {manifest.version}\n  algorithm    {manifest.algorithm}")
+    each = f", chunks of {format_bytes(chunk)} = {chunk} bytes" if chunk else ""
+    print(f"  granularity  {manifest.granularity}{each}")
+    held = "unknown: no sizes recorded" if total is None else f"{format_bytes(total)} = {total} bytes"
+    print(f"  files        {len(manifest.files)}\n  total size   {held}")
+    print("largest files:" * bool(largest) + "".join(f"\n  {format_bytes(n):>10}  {tidy(name)}" for name, n in largest))
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def export(args: Args) -> int:
     from .. import formats
 
     data = formats.dump(integrity_fs.read_manifest(args.url, storage_options=options(args)), args.format)
@@ -388,23 +391,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    public = key(args, args.public_key, private=False)
+def status(args: Args) -> int:
     with running(args, "status", bar=args.full) as run:
-        rows = collective(args, "status", args.root, run, quick=not args.full, pattern=args.pattern, public_key=public)
+        rows = call(args, "status", args.root, run, quick=not args.full, pattern=args.pattern)
     if args.json:
         print_json(rows)
     names = [tidy(row["name"]) for row in rows]
-    width, digits = max(map(len, names), default=0), max((len(str(row["files"])) for row in rows if row["files"] is not None), default=0)
-    for name, row in zip(names, [] if args.json else rows):
+    width = max(map(len, names), default=0)
+    digits = max((len(str(row["files"])) for row in rows if row["files"] is not None), default=0)
+    for name, row in zip(names, [] if args.json else rows, strict=False):
         sealed = {True: "sealed", False: "unsealed", None: ""}[row["sealed"]]
         files = "" if row["files"] is None else f"{row['files']:>{digits}} {'file' if row['files'] == 1 else 'files'}"
         nbytes = "" if row["bytes"] is None else format_bytes(row["bytes"])
         verdict, problems = row["verdict"], row["problems"]
         if verdict == "changing":
             verdict += ": a file changed while it was read; run again once writers are done"
-        elif problems and verdict in ("damaged", "invalid"):
-            verdict += ": " + tidy("; ".join(problems[:3]) + (f" and {len(problems) - 3} more" if len(problems) > 3 else ""))
+        elif problems and verdict == "damaged":  # each file as the error lines name it: model.bin (mismatch)
+            named = [re.sub(r"^(.*): (mismatch|missing|size|extra)\b.*$", r"\1 (\2)", p) for p in problems]
+            verdict += f": {tidy(shortened(named, 3))}"
+        elif problems:
+            verdict += f": {tidy(problems[0])}"
         print(f"{name:<{width}}  {sealed:<8}  {files:<{digits + 6}}  {nbytes:>10}  {verdict}")
     if not rows and not args.json:
         print(f"no checkpoints under {tidy(args.root)}", file=sys.stderr)
@@ -413,131 +419,121 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def root_is_a_checkpoint(args: argparse.Namespace) -> str | None:
+def root_is_a_checkpoint(args: Args) -> str | None:
     """A hint when ROOT holds a manifest: a checkpoint given where its run's directory belongs."""
     try:
         integrity_fs.read_manifest(args.root, storage_options=options(args))
     except (OSError, ValueError):
         return None
-    return f"{tidy(args.root)} is itself a sealed checkpoint: ROOT is the run's directory that holds the checkpoints; `{PROG} verify {tidy(args.root)}` checks this one"
+    return HINTS["checkpoint"].format(root=tidy(args.root))
 
 
-def cmd_latest(args: argparse.Namespace) -> int:
-    public = key(args, args.public_key, private=False)
-    with running(args, "latest", bar=not args.quick) as run, skipped_checkpoints() as skipped:
-        found = collective(args, "latest_verified", args.root, run, quick=args.quick, pattern=args.pattern, public_key=public)
+def latest(args: Args) -> int:
+    # The library answers None for a root that is not there (a run's first resume must not crash);
+    # from a shell that is most often a typo: exit 4 with a hint about the path, not "none verifies".
+    agreed(args, lambda: storage.check_root(*storage.resolve(args.root, options(args))))
+    with running(args, "latest", bar=not args.quick) as run:
+        found = call(args, "latest_verified", args.root, run, quick=args.quick, pattern=args.pattern)
+    out = {"root": args.root, "url": found and found[0], "ok": bool(found), "quick": args.quick}
     if found is None:
         message, hint = f"no checkpoint under {args.root} verifies", root_is_a_checkpoint(args)
-        if not skipped:
+        if not integrity_fs.find_checkpoints(args.root, pattern=args.pattern, storage_options=options(args)):
             message += ": it holds no checkpoint directory"
-            hint = hint or "ROOT is a run's directory, holding one directory per checkpoint (step_1000, ...); names starting with '.' or '_' are not checkpoints"
+            hint = hint or HINTS["root"]
         if args.json:
             args.printed_json = True
-            print_json({"root": args.root, "url": None, "ok": False, "quick": args.quick, "skipped": skipped, "exit_code": 1, "error": tidy(message)})
-        raise NoneVerified(message, hint)
-    url, report = found
-    if args.json:
-        print_json({"root": args.root, "url": url, "ok": True, "quick": args.quick, "skipped": skipped, "report": report.to_dict()})
-    else:
-        print(tidy(url))
+            print_json({**out, "exit_code": 1, "error": tidy(message)})
+        raise UsageError(message, hint or HINTS["skipped"], code=1)
+    print_json({**out, "report": found[1].to_dict()}) if args.json else print(tidy(found[0]))
     return 0
 
 
-def cmd_prune(args: argparse.Namespace) -> int:
-    public = key(args, args.public_key, private=False)
+def prune(args: Args) -> int:
     with running(args, "prune", bar=not args.quick) as run:
-        result = collective(args, "prune", args.root, run, keep_last=args.keep_last, pattern=args.pattern, unsealed=args.unsealed, dry_run=args.dry_run, quick=args.quick, attested=args.attested, public_key=public)
+        given = dict(keep_last=args.keep_last, pattern=args.pattern, unsealed=args.unsealed, dry_run=args.dry_run)
+        result = call(args, "prune", args.root, run, quick=args.quick, attested=args.attested, **given)
     if args.json:
         print_json({"root": args.root, **result.to_dict()})
         return 0
     names = {url: tidy(url.rstrip("/").rsplit("/", 1)[-1]) for url in result.verdicts}
     width, verdict_width = max(map(len, names.values()), default=0), max(map(len, result.verdicts.values()), default=0)
     for url, verdict in result.verdicts.items():
-        action = "kept" if url in result.kept else ("would delete" if result.dry_run else "deleted") if url in result.deleted else "left"
+        deleted = "would delete" if result.dry_run else "deleted"
+        action = "kept" if url in result.kept else deleted if url in result.deleted else "left"
         print(f"{names[url]:<{width}}  {verdict:<{verdict_width}}  {action}")
-    count = len(result.deleted)
-    noun = "checkpoint" if count == 1 else "checkpoints"
-    if len(result.kept) < args.keep_last:
+    gone, freed = plural(len(result.deleted), "checkpoint"), format_bytes(result.bytes_freed)
+    tail = f"deleted {gone}, freed {freed}"
+    if len(result.kept) < args.keep_last and not result.deleted:
         tail = f"{len(result.kept)} verify, fewer than --keep-last {args.keep_last}: nothing deleted"
     elif result.dry_run:
-        tail = f"dry run: would delete {count} {noun}, freeing {format_bytes(result.bytes_freed)}; nothing deleted"
-    else:
-        tail = f"deleted {count} {noun}, freed {format_bytes(result.bytes_freed)}"
+        tail = f"dry run: would delete {gone}, freeing {freed}; nothing deleted"
     print(f"kept {len(result.kept)}, left {len(result.left)}; {tail}")
     return 0
 
 
-def objects(url: str, args: argparse.Namespace, side: str = "") -> str:
-    """What the bar says after the last byte: the writes that remain, counted when that is cheap."""
-    with contextlib.suppress(Exception):
-        if "://" not in url or url.startswith("file://"):
-            n = sum(len(files) for _, _, files in os.walk(url.removeprefix("file://")))
-            n -= os.path.exists(os.path.join(url.removeprefix("file://"), MANIFEST_FILENAME))
-        else:
-            n = len(integrity_fs.read_manifest(url, storage_options=options(args, *side)).files)
-        return f"finalising {n} {'object' if n == 1 else 'objects'}"
-    return "finalising"
-
-
-def cmd_download(args: argparse.Namespace) -> int:
-    with running(args, "download", finishing="finalising") as run, failing(args.url, f"; nothing was written to {args.dest}"):
-        report = integrity_fs.download(args.url, args.dest, storage_options=options(args), max_workers=args.workers, callback=run.callback, strict=args.strict)
-    print(f"downloaded and verified {tidy(args.url)} -> {tidy(args.dest)}: {format_work(report.files_checked, report.bytes_checked, run.elapsed())}")
+def transferred(what: str, src: str, dst: str, report: Any, elapsed: float, left: str) -> int:
+    work = format_work(report.files_checked, report.bytes_checked, elapsed)
+    print(f"{what} and verified {tidy(src)} -> {tidy(dst)}: {work}")
     if report.extra:
-        print(extra_note(report.extra, "not downloaded"))
+        print(extra_note(report.extra, left))
     return 0
 
 
-def cmd_upload(args: argparse.Namespace) -> int:
-    given, private = sealing(args), key(args, args.sign_key, private=True)
-    with running(args, "upload", finishing=objects(args.src, args)) as run:
-        manifest = integrity_fs.upload(args.src, args.url, storage_options=options(args), max_workers=args.workers, callback=run.callback, overwrite=args.force, private_key=private, **given)
+def download(args: Args) -> int:
+    failed = failing(args.url, f"; nothing was written to {args.dest}")
+    with running(args, "download", finishing="finalising") as run, failed:
+        report = integrity_fs.download(args.url, args.dest, storage_options=options(args), strict=args.strict, **run.kw)
+    return transferred("downloaded", args.url, args.dest, report, run.elapsed(), "not downloaded")
+
+
+def upload(args: Args) -> int:
+    given = sealing(args)
+    # What the bar says once every byte is sent: the objects still to finish.
+    n = sum(len(files) for _, _, files in os.walk(args.src)) - os.path.isfile(os.path.join(args.src, MANIFEST_FILENAME))
+    with running(args, "upload", finishing=f"finalising {plural(n, 'object')}") as run:
+        where = {"storage_options": options(args), "overwrite": args.force, "private_key": args.private}
+        manifest = integrity_fs.upload(args.src, args.url, **where, **given, **run.kw)
     print_written(f"uploaded {args.src} -> {args.url}", manifest, run.elapsed(), args.sign_key)
     return 0
 
 
-def cmd_copy(args: argparse.Namespace) -> int:
-    src_o, dst_o = options(args, "src_o"), options(args, "dst_o")
-    finishing = objects(args.src, args, "src_o") if sys.stderr.isatty() and not args.no_progress else ""
-    with running(args, "copy", finishing=finishing) as run, failing(args.src, f"; no manifest was written at {args.dst}"):
-        report = integrity_fs.copy(args.src, args.dst, src_options=src_o, dst_options=dst_o, max_workers=args.workers, callback=run.callback, overwrite=args.force)
-    print(f"copied and verified {tidy(args.src)} -> {tidy(args.dst)}: {format_work(report.files_checked, report.bytes_checked, run.elapsed())}")
-    if report.extra:
-        print(extra_note(report.extra, "not copied"))
-    return 0
+def copy(args: Args) -> int:
+    where: dict[str, Any] = {"src_options": options(args, "src_o"), "dst_options": options(args, "dst_o")}
+    with (
+        running(args, "copy", finishing="finalising") as run,
+        failing(args.src, f"; no manifest was written at {args.dst}"),
+    ):
+        report = integrity_fs.copy(args.src, args.dst, **where, overwrite=args.force, **run.kw)
+    return transferred("copied", args.src, args.dst, report, run.elapsed(), "not copied")
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def demo(args: Args) -> int:
     from . import demo
 
     return 0 if demo.run(args) else 1
 
 
-# ----------------------------------------------------------------------------- main
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        world = 1
-    if world > 1 and next((word for word in argv if not word.startswith("-") and word in (*COLLECTIVE, "sign", "show", "export", "download", "upload", "copy", "demo")), None) in COLLECTIVE:
-        return launched(argv)
-    return run(argv, None)
+    world = os.environ.get("WORLD_SIZE", "1")
+    return launched(argv) if world.isdigit() and int(world) > 1 else run(argv, None)
 
 
 def run(argv: list[str], group: Any) -> int:
+    """Parse and run one command: its exception becomes the exit code and the two stderr lines."""
     try:
         args = build_parser().parse_args(argv)
     except UsageError as error:
         return report_error(error, None, as_json="--json" in argv)
-    args.group, args.printed_json = group, False
+    except SystemExit as exit_:  # --help, --version: printed
+        return int(exit_.code or 0)
+    args.group, args.printed_json = (group if args.command in COLLECTIVE else None), False
     remember_typed(*(getattr(args, n, None) for n in ("url", "root", "src", "dst", "dest")))
     try:
         with cli_logging(debug=args.debug):
-            code: int = args.run(args)
+            keys(args)
+            code: int = globals()[args.command](args)
         return code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -550,38 +546,31 @@ def run(argv: list[str], group: Any) -> int:
 
 
 def launched(argv: list[str]) -> int:
-    """One command as a collective: join the group, agree on the command line, run it on every
-    rank (quiet but on rank 0), and agree on the exit code."""
+    """One command under torchrun: join the group, agree on the whole command line, then run it (a
+    collective on every rank, another command on rank 0 alone); rank 0 alone prints, and every rank
+    exits with the same code. Without torch or torchrun's environment no rank can join a group (nor
+    wait in one): a collective command fails, another runs on each rank alone."""
+    collective = next((w for w in argv if w in COMMANDS), None) in COLLECTIVE
     try:
-        from ..collectives import agree, check_same, gather, group_of, rank, torch_distributed
-
         dist = torch_distributed()
         created = not dist.is_initialized()
         if created:
             dist.init_process_group("gloo")  # from torchrun's MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+        me = rank(group := group_of(None))
     except Exception as error:
-        return report_error(error, None, as_json="--json" in argv)
+        return report_error(error, None, as_json="--json" in argv) if collective else run(argv, None)
+    sink = io.StringIO() if me else None  # ranks other than 0 print nothing
     try:
-        group = group_of(None)
-        with quiet(rank(group) != 0):
+        with contextlib.redirect_stdout(sink or sys.stdout), contextlib.redirect_stderr(sink or sys.stderr):
             try:
                 agree(group, lambda: check_same(group, argv, "the command line"))
-            except ValueError as error:
-                code = report_error(UsageError(str(error), "give every rank the same command line"), None, as_json="--json" in argv)
-            else:
-                code = run(argv, group)
+            except ValueError as error:  # on every rank alike
+                return report_error(
+                    UsageError(str(error), "give every rank the same command line"), None, as_json="--json" in argv
+                )
+            code = run(argv, group) if collective or me == 0 else 0
         return next((c for c in gather(group, code) if c), 0)
     finally:
         if created:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def quiet(silent: bool) -> Iterator[None]:
-    """Ranks other than 0 print nothing."""
-    if not silent:
-        yield
-        return
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        yield

@@ -9,7 +9,9 @@ ranks than before) is left unsealed, with a WARNING naming them. With ``keep_las
 kept too), and takes rotation over from the Trainer: ``save_total_limit``, which deletes by name
 before the callback runs, is turned off when training starts (an INFO line says so). With
 ``save_on_each_node`` each node's first process seals and prunes its own disk; otherwise the
-ranks seal and prune together (:mod:`integrity_fs.distributed`), every rank getting the same outcome.
+ranks seal together (:mod:`integrity_fs.distributed`) and rank 0 prunes, every rank getting the
+same outcome. A prune reuses the verdicts it reached before and the one the seal just made: in
+steady state it reads nothing.
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ from typing import Any
 
 from .. import distributed, runs, storage
 from ..collectives import agree, gather, group_of
+from ..manifest import Manifest
 from ..options import SealOptions, VerifyOptions, count
-from ..report import printable, shortened
+from ..report import PruneResult, Report, printable, shortened
 from ..storage import URL
 from ..verify import seal_root
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 except ImportError as exc:
-    raise ImportError(f"integrity_fs.integrations.transformers needs transformers: pip install 'integrity-fs[hf]' ({exc})") from exc
+    raise ImportError(
+        f"integrity_fs.integrations.transformers needs transformers: pip install 'integrity-fs[hf]' ({exc})"
+    ) from exc
 
 __all__ = ["IntegrityCallback", "latest_verified_checkpoint"]
 
@@ -36,7 +41,7 @@ log = logging.getLogger("integrity_fs")
 PATTERN = "checkpoint-{step}"
 
 
-class IntegrityCallback(TrainerCallback):  # type: ignore[misc]
+class IntegrityCallback(TrainerCallback):
     """Seals each ``checkpoint-N`` folder the Trainer writes (see the module docstring).
     ``private_key``: sign it too (a PEM path or a ``cryptography`` EC key). ``algorithm``,
     ``granularity``, ``chunk_size``: as for :func:`integrity_fs.seal`. ``keep_last``: prune."""
@@ -50,14 +55,23 @@ class IntegrityCallback(TrainerCallback):  # type: ignore[misc]
         granularity: str = "file",
         chunk_size: int | None = None,
     ) -> None:
-        self._options = SealOptions(algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, overwrite=True, private_key=private_key)
+        self._options = SealOptions(
+            algorithm=algorithm, granularity=granularity, chunk_size=chunk_size, overwrite=True, private_key=private_key
+        )
         self.keep_last = count("keep_last", keep_last)
         self._before: dict[str, Any] = {}  # what the folder about to be written held before (name → version)
-        self.sealed: list[str] = []
+        self.sealed: list[str] = []  # the folders sealed, in order
+        self.pruned: list[PruneResult] = []  # what each prune kept, deleted and left
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self.keep_last is not None and args.save_total_limit:
-            log.info("IntegrityCallback(keep_last=%d) rotates checkpoints: save_total_limit=%s turned off", self.keep_last, args.save_total_limit)
+            log.info(
+                "IntegrityCallback(keep_last=%d) rotates checkpoints: save_total_limit=%s turned off",
+                self.keep_last,
+                args.save_total_limit,
+            )
             object.__setattr__(args, "save_total_limit", None)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -74,45 +88,88 @@ class IntegrityCallback(TrainerCallback):  # type: ignore[misc]
         g = group_of(None) if args.world_size > 1 else None
         if g is not None:
             gather(g, None)  # every process has written its part
-        if g is None or args.save_on_each_node:
-            step = lambda: self._seal_and_prune(args, state, folder) if args.should_save else None  # noqa: E731
+        if g is None or args.save_on_each_node:  # each node's first process, on its own disk
+
+            def step() -> None:
+                if args.should_save:
+                    self._seal_and_prune(args, state, folder)
+
             agree(g, step) if g is not None else step()
             return
         stale = agree(g, lambda: self._stale(folder) if args.should_save else [], only=0)
         if stale:
             return
-        options = {"algorithm": self._options.algorithm, "granularity": self._options.granularity, "chunk_size": self._options.chunk_size}
-        distributed.seal(folder, overwrite=True, private_key=self._options.private_key, **options)
+        o = self._options
+        manifest = distributed.seal(
+            folder,
+            overwrite=True,
+            private_key=o.private_key,
+            algorithm=o.algorithm,
+            granularity=o.granularity,
+            chunk_size=o.chunk_size,
+        )
         self.sealed.append(folder)
-        if self.keep_last is not None:
-            distributed.prune(str(args.output_dir), keep_last=self.keep_last, pattern=PATTERN, public_key=self._public_key())
+        if self.keep_last is not None:  # rank 0 prunes (verdicts it reached before are reused), every rank is told
+            self.pruned.append(agree(g, lambda: self._prune(args, state, folder, manifest), only=0))
 
     def _stale(self, folder: str) -> list[str]:
-        """The files of ``folder`` this save did not write (same version as before it), with a WARNING; the folder is unsealed."""
+        """The files of ``folder`` this save did not write (same version as before it), with a
+        WARNING; the folder is then unsealed."""
         now = storage.list_files(*storage.resolve(folder))
         stale = sorted(n for n, version in self._before.items() if n in now and now[n].version == version)
         if stale:
             fs, root = storage.resolve(folder)
-            storage.remove(fs, [storage.join(root, n) for n in storage.NOT_CONTENT if storage.exists(fs, storage.join(root, n))])
-            log.warning("not sealing %s: it holds files this save did not write (%s); delete them, or save to a new folder", printable(folder), shortened(stale, 5))
+            storage.remove(
+                fs, [storage.join(root, n) for n in storage.NOT_CONTENT if storage.exists(fs, storage.join(root, n))]
+            )
+            log.warning(
+                "not sealing %s: it holds files this save did not write (%s); delete them, or save to a new folder",
+                printable(folder),
+                shortened(stale, 5),
+            )
         return stale
 
     def _seal_and_prune(self, args: TrainingArguments, state: TrainerState, folder: str) -> None:
+        manifest = None
         if not self._stale(folder):
-            seal_root(*storage.resolve(folder), self._options)
+            manifest = seal_root(*storage.resolve(folder), self._options)
             self.sealed.append(folder)
         if self.keep_last is not None:
-            keep = [os.path.basename(str(state.best_model_checkpoint))] if state.best_model_checkpoint else []
-            fs, root = storage.resolve(str(args.output_dir))
-            options = VerifyOptions(public_key=self._public_key())
-            runs.prune_root(fs, root, keep_last=self.keep_last, pattern=PATTERN, unsealed=False, dry_run=False, options=options, keep=keep)
+            self.pruned.append(self._prune(args, state, folder, manifest))
+
+    def _prune(
+        self, args: TrainingArguments, state: TrainerState, folder: str, manifest: Manifest | None
+    ) -> PruneResult:
+        """Prune ``output_dir``; the folder just sealed (``manifest``) is known good: the seal hashed it."""
+        if manifest is not None and manifest.sizes is not None:
+            report = Report(files_checked=len(manifest.files), bytes_checked=sum(manifest.sizes.values()))
+            runs.remember(*storage.resolve(folder), report)
+        assert self.keep_last is not None
+        fs, root = storage.resolve(str(args.output_dir))
+        return runs.prune_root(
+            fs,
+            root,
+            keep_last=self.keep_last,
+            pattern=PATTERN,
+            unsealed=False,
+            dry_run=False,
+            options=VerifyOptions(public_key=self._public_key()),
+            keep=self._best(state),
+        )
+
+    @staticmethod
+    def _best(state: TrainerState) -> tuple[str, ...]:
+        """The Trainer's best model, kept whatever the rule says."""
+        return (os.path.basename(str(state.best_model_checkpoint)),) if state.best_model_checkpoint else ()
 
     def _public_key(self) -> Any:
         key = self._options.private_key
         return None if key is None else key.public_key()
 
 
-def latest_verified_checkpoint(output_dir: URL, *, public_key: Any = None, storage_options: dict[str, Any] | None = None) -> str | None:
+def latest_verified_checkpoint(
+    output_dir: URL, *, public_key: Any = None, storage_options: dict[str, Any] | None = None
+) -> str | None:
     """The newest ``checkpoint-N`` folder under ``output_dir`` that verifies (every file hashed;
     with ``public_key``, its signature must verify and name it), for
     ``trainer.train(resume_from_checkpoint=...)``; ``None`` when none does. Damaged, unsealed and

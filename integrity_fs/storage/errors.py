@@ -12,13 +12,23 @@ from collections.abc import Iterator
 
 from fsspec.exceptions import FSTimeoutError
 
-__all__ = ["Cancelled", "NotARegularFileError", "precondition_failed", "storage_errors"]
+__all__ = ["Cancelled", "NotARegularFileError", "kind_of", "precondition_failed", "storage_errors"]
 
 _BACKEND_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "google", "requests", "urllib3")
 
 
 class NotARegularFileError(OSError):
-    """A FIFO, socket or device where a file was expected: never read (it could block forever)."""
+    """A FIFO, socket or device where a file was expected: never read (it could block forever).
+    ``kind``: which (``"FIFO"``, ``"socket"``, ``"device"``)."""
+
+    kind = "special file"
+
+
+def kind_of(exc: BaseException) -> str:
+    """What stood where a regular file was expected, as ``a FIFO``, ``a directory``, ..."""
+    if isinstance(exc, IsADirectoryError):
+        return "a directory"
+    return f"a {getattr(exc, 'kind', 'special file')}"
 
 
 class Cancelled(Exception):

@@ -79,7 +79,9 @@ def _remote_stat(fs: Any, info: dict[str, Any]) -> Stat:
         version: str | int = str(info["generation"])
     else:
         stamp = next((info[k] for k in ("ETag", "etag", "generation") if info.get(k)), mtime)
-        version = UNKNOWN if stamp is None else str(stamp)
+        if stamp is None:
+            _unversioned(fs)
+        version = f"{UNKNOWN} (size {int(info['size'])})" if stamp is None else str(stamp)
     crc = None
     if is_gcs(fs) and isinstance(info.get("crc32c"), str):
         try:
@@ -87,6 +89,21 @@ def _remote_stat(fs: Any, info: dict[str, Any]) -> Stat:
         except (binascii.Error, ValueError):
             crc = None
     return Stat(int(info["size"]), version, mtime, crc)
+
+
+_WARNED: set[str] = set()
+
+
+def _unversioned(fs: Any) -> None:
+    """Once per kind of filesystem: its listing gives no version, so a read is checked by size only."""
+    kind = type(fs).__name__
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        log.warning(
+            "%s lists no version of its files (no ETag, generation or modification time): reads are not pinned, "
+            "only their sizes are checked",
+            kind,
+        )
 
 
 def forget(fs: Any, path: str) -> None:
@@ -102,7 +119,8 @@ def forget(fs: Any, path: str) -> None:
 
 def list_files(fs: Any, root: str, meta: dict[str, Stat] | None = None) -> dict[str, Stat]:
     """Every file under ``root`` (POSIX name relative to it → :class:`Stat`), sorted, without the
-    root's manifest and signature (``meta`` receives theirs). Local: links are never followed out of the root nor into
+    root's manifest, signature and the temporary files of interrupted local writes (``meta``
+    receives those). Local: links are never followed out of the root nor into
     directories; FIFOs, sockets and devices are skipped with a WARNING. Object stores: zero-byte
     keys ending in ``/`` (folder markers) are folders. ``FileNotFoundError`` when nothing is at
     ``root``, ``NotADirectoryError`` when it is a file."""
@@ -115,6 +133,8 @@ def list_files(fs: Any, root: str, meta: dict[str, Stat] | None = None) -> dict[
             check_root(fs, root)
     prefix = root.rstrip("/") + "/"
     out: dict[str, Stat] = {}
+    if found and all(not p.startswith(prefix) for p in found):  # only the root itself (a file lists as itself)
+        raise NotADirectoryError(f"{describe(fs, root)} is a file, not a checkpoint directory")
     for path, info in found.items():
         name = path[len(prefix) :] if path.startswith(prefix) else ""
         marker = int(info.get("size") or 0) == 0 and str(info.get("Key", info.get("name", path))).endswith("/")
@@ -143,7 +163,10 @@ def _list_local(root: str, meta: dict[str, Stat] | None) -> dict[str, Stat]:
             continue  # removed since its parent was read
         for entry in entries:
             name = prefix + entry.name
-            if not prefix and name.startswith(TEMP_PREFIX):
+            if not prefix and name.startswith(TEMP_PREFIX):  # ours, left by an interrupted write: never content
+                if meta is not None and entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    meta[name] = Stat(st.st_size, identity(st), st.st_mtime)
                 continue
             if not prefix and name in NOT_CONTENT:
                 if meta is not None and entry.is_file(follow_symlinks=False):

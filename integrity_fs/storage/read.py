@@ -21,10 +21,13 @@ import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
+from fsspec.asyn import AsyncFileSystem
+
 from ..errors import FileChangedError
 from ..hashing import new_hasher
 from .errors import Cancelled, NotARegularFileError, precondition_failed, storage_errors
 from .listing import UNKNOWN, _remote_stat, forget, identity
+from .s3 import split as s3_key
 from .urls import describe, is_gcs, is_local, is_s3
 
 __all__ = ["BLOCK", "hash_range", "on_loop", "open_regular", "read_blocks", "read_file"]
@@ -43,16 +46,23 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
-            raise NotARegularFileError(f"{path} is a socket, not a regular file (never read)") from exc
+            raise _special(path, "socket") from exc
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
-        raise NotARegularFileError(f"{path} is not a regular file (never read)")
+        kind = "FIFO" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
+        raise _special(path, kind)
     os.set_blocking(fd, True)
     return fd, st
+
+
+def _special(path: str, kind: str) -> NotARegularFileError:
+    error = NotARegularFileError(f"{path} is a {kind}, not a regular file (never read)")
+    error.kind = kind
+    return error
 
 
 def read_file(fs: Any, path: str) -> bytes:
@@ -67,17 +77,28 @@ def read_file(fs: Any, path: str) -> bytes:
 
 
 def on_loop(fs: Any, coro: Coroutine[Any, Any, T], stop: threading.Event | None) -> T:
-    """Run ``coro`` on ``fs``'s event loop; once ``stop`` is set, cancel it there and raise ``Cancelled``."""
-    future = asyncio.run_coroutine_threadsafe(coro, fs.loop)
+    """Run ``coro`` on ``fs``'s event loop; once ``stop`` is set, cancel it there and raise
+    ``Cancelled`` when it has ended (a second at most): no request outlives the call."""
+    ended = threading.Event()
+
+    async def guarded() -> T:
+        try:
+            return await coro
+        finally:
+            ended.set()
+
+    future = asyncio.run_coroutine_threadsafe(guarded(), fs.loop)
     while True:
         try:
             return future.result(timeout=0.1)
         except concurrent.futures.TimeoutError:
             if stop is not None and stop.is_set():
                 future.cancel()
+                ended.wait(1)
                 raise Cancelled("stopped") from None
         except BaseException:
             future.cancel()
+            ended.wait(1)
             raise
 
 
@@ -88,7 +109,7 @@ def _changed(fs: Any, path: str, why: str) -> FileChangedError:
 async def _s3_get(fs: Any, path: str, start: int, end: int, etag: str | None) -> bytes:
     from s3fs.core import _error_wrapper
 
-    bucket, key, _ = fs.split_path(path)
+    bucket, key = s3_key(fs, path)
     pin = {"IfMatch": etag} if etag else {}
 
     async def once() -> bytes:
@@ -123,7 +144,9 @@ def read_blocks(
     if is_local(fs):
         yield from _local_blocks(path, offset, length, version, stop, into)
         return
-    pin = str(version) if version not in (None, UNKNOWN) else None
+    pin = str(version) if version is not None else None
+    if pin is not None and pin.startswith(UNKNOWN) and (is_s3(fs) or is_gcs(fs)):
+        pin = None  # nothing the store could match: checked by size after the read instead
     size = REMOTE_BLOCK
     done = 0
     with storage_errors(f"reading {describe(fs, path)}"):
@@ -136,6 +159,8 @@ def read_blocks(
                     data = on_loop(fs, _s3_get(fs, path, start, end, pin), stop)
                 elif is_gcs(fs):
                     data = on_loop(fs, _gcs_get(fs, path, start, end, pin), stop)
+                elif isinstance(fs, AsyncFileSystem) and fs.async_impl:  # not a cache (it passes attributes on)
+                    data = bytes(on_loop(fs, fs._cat_file(path, start=start, end=end), stop))  # a stall is cancelled
                 else:
                     data = bytes(fs.cat_file(path, start=start, end=end))
             except FileNotFoundError as exc:
@@ -176,7 +201,7 @@ def _local_blocks(
             if stop is not None and stop.is_set():
                 raise Cancelled("stopped")
             view = into[done : done + 4 * BLOCK] if into is not None else buffer[: min(BLOCK, length - done)]
-            n = os.preadv(fd, (view,), offset + done)
+            n = _pread_into(fd, view, offset + done)
             if n == 0:
                 raise FileChangedError(f"{path} changed while it was read (it ends before {offset + length})", (path,))
             yield view[:n]
@@ -185,6 +210,20 @@ def _local_blocks(
             raise FileChangedError(f"{path} changed while it was read (written to while it was read)", (path,))
     finally:
         os.close(fd)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Bytes of ``fd`` at ``offset`` read into ``view``; their count (0 at the end)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, (view,), offset)
+    data = os.pread(fd, len(view), offset) if hasattr(os, "pread") else _seek_read(fd, len(view), offset)
+    view[: len(data)] = data
+    return len(data)
+
+
+def _seek_read(fd: int, n: int, offset: int) -> bytes:  # Windows: no pread
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, n)
 
 
 def hash_range(

@@ -14,14 +14,14 @@ import binascii
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fsspec.asyn import _run_coros_in_chunks, sync
 
 from ..hashing import new_hasher
 from .errors import storage_errors
 
-__all__ = ["CHECKSUMS", "Upload", "attributes", "copy_object", "layout"]
+__all__ = ["CHECKSUMS", "Checksum", "Upload", "attributes", "copy_object", "layout", "split"]
 
 log = logging.getLogger("integrity_fs")
 
@@ -34,6 +34,13 @@ SINGLE_PUT = 64 * 1024 * 1024
 CRC_PART = 64 * 1024 * 1024
 
 
+def split(fs: Any, path: str) -> tuple[str, str]:
+    """Bucket and key of ``path``, the key exactly as listed (s3fs's ``split_path`` cuts a key at
+    ``?versionId=``: another object's)."""
+    bucket, _, key = fs._strip_protocol(path).partition("/")
+    return bucket, key
+
+
 def _b64(hexdigest: str) -> str:
     return base64.b64encode(bytes.fromhex(hexdigest)).decode("ascii")
 
@@ -44,16 +51,24 @@ def _supports(fs: Any, algorithm: str) -> bool:
     return algorithm == "sha256" or ("ChecksumType" in shape and algorithm in CHECKSUMS)
 
 
+def _fits(part: int, size: int | None) -> bool:
+    """Whether S3 takes parts of ``part`` bytes for an object of ``size`` bytes."""
+    return MIN_PART <= part <= MAX_PART and (size is None or -(-size // part) <= MAX_PARTS)
+
+
 def layout(fs: Any, algorithm: str, chunk_size: int | None, size: int | None) -> int | None:
     """The part size that makes an object of ``size`` bytes (``None``: not known yet) attestable:
-    ``0`` for one PUT only; ``None`` when no layout is."""
+    ``0`` for one PUT only; ``None`` when no layout is. A CRC is the whole object's whatever the
+    parts: they are the chunks where S3 takes those, else ``CRC_PART`` (larger for a huge object)."""
     if algorithm not in CHECKSUMS or not _supports(fs, algorithm):
         return None
     if algorithm != "sha256":
-        return CRC_PART
+        if chunk_size is not None and _fits(chunk_size, size):
+            return chunk_size
+        return CRC_PART if size is None else min(MAX_PART, max(CRC_PART, -(-size // MAX_PARTS)))
     if chunk_size is None:
         return 0 if size is None or size <= SINGLE_PUT else None
-    if MIN_PART <= chunk_size <= MAX_PART and (size is None or -(-size // chunk_size) <= MAX_PARTS):
+    if _fits(chunk_size, size):
         return chunk_size
     return 0 if size is None or size <= chunk_size else None
 
@@ -65,7 +80,7 @@ class Upload:
 
     def __init__(self, fs: Any, path: str, algorithm: str) -> None:
         self._fs, self._path, self._algorithm = fs, path, algorithm
-        self._bucket, self._key, _ = fs.split_path(path)
+        self._bucket, self._key = split(fs, path)
         self._kind = CHECKSUMS[algorithm]
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
@@ -115,7 +130,7 @@ def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, part
     """Copy ``source`` (pinned: ``etag``, else S3 refuses with 412) to ``path`` in the same store,
     keeping an attestable layout: ``parts`` (``start``, ``end``, SHA-256 of each, for a composite
     object) or one CopyObject that S3 gives the checksum of ``algorithm`` (when it keeps one)."""
-    bucket, key, _ = fs.split_path(source)
+    bucket, key = split(fs, source)
     src = {"Bucket": bucket, "Key": key}
     upload = Upload(fs, path, algorithm if algorithm in CHECKSUMS else "sha256")
     if not parts:
@@ -144,14 +159,31 @@ def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, part
     fs.invalidate_cache(path)
 
 
-def attributes(fs: Any, paths: Iterable[str]) -> dict[str, dict[str, str]]:
+class Checksum(NamedTuple):
+    """A checksum S3 keeps: ``value`` (hex), and for a multipart SHA-256 (``composite``: the hash
+    of the parts' digests) the number of ``parts`` when S3 says it."""
+
+    value: str
+    composite: bool = False
+    parts: int | None = None
+
+
+def _decode(text: str) -> str | None:
+    try:
+        raw = base64.b64decode(text, validate=True) if text else b""
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() or None
+
+
+def attributes(fs: Any, paths: Iterable[str]) -> dict[str, dict[str, Checksum]]:
     """What S3 keeps of each object, without reading it (one GetObjectAttributes each, 16 at a
-    time): algorithm → ``"hex"`` (full object) or ``"hex-N"`` (composite of N parts). An object
-    gone, or whose attributes S3 will not give (refused, not offered), has none: its read decides."""
+    time): algorithm → :class:`Checksum`. An object gone, or whose attributes S3 will not give
+    (refused, not offered), has none: its read decides."""
     paths = list(paths)
 
-    async def one(path: str) -> dict[str, str]:
-        bucket, key, _ = fs.split_path(path)
+    async def one(path: str) -> dict[str, Checksum]:
+        bucket, key = split(fs, path)
         try:
             out = await fs._call_s3(
                 "get_object_attributes", Bucket=bucket, Key=key, ObjectAttributes=["Checksum", "ObjectParts"]
@@ -160,17 +192,15 @@ def attributes(fs: Any, paths: Iterable[str]) -> dict[str, dict[str, str]]:
             log.debug("no checksum for %s: %s", path, exc)
             return {}
         checksum, found = out.get("Checksum") or {}, {}
-        composite = checksum.get("ChecksumType") == "COMPOSITE"
         total = (out.get("ObjectParts") or {}).get("TotalPartsCount")
         for algorithm, kind in CHECKSUMS.items():
-            value, _, suffix = str(checksum.get(f"Checksum{kind}") or "").partition("-")
-            try:
-                raw = base64.b64decode(value, validate=True) if value else b""
-            except (binascii.Error, ValueError):
+            text, dash, suffix = str(checksum.get(f"Checksum{kind}") or "").partition("-")
+            value = _decode(text)
+            if value is None:
                 continue
-            if raw:
-                parts = suffix or (str(total) if composite and total else "")
-                found[algorithm] = raw.hex() + (f"-{parts}" if parts or composite else "")
+            composite = bool(dash) or checksum.get("ChecksumType") == "COMPOSITE"
+            parts = int(suffix) if suffix.isdigit() else total if isinstance(total, int) else None
+            found[algorithm] = Checksum(value, composite, parts if composite else None)
         return found
 
     with storage_errors(f"reading the checksums of {len(paths)} objects"):

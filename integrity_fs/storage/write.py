@@ -44,7 +44,10 @@ def write_atomic(fs: Any, path: str, data: bytes) -> None:
     folder, name = os.path.split(path)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX + name + ".")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~_umask())
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -221,9 +224,10 @@ class Writer:
             self._stream.write(self._buffer)
             self._buffer = bytearray()
             return
-        while self._part and len(self._buffer) >= self._part:  # a SHA-256 part is a whole chunk: its digest is done
-            sha = self.digest.done[len(self._upload._parts)] if self.digest.algorithm == "sha256" else None
-            self._upload.part(bytes(self._buffer[: self._part]), sha)
+        aligned = self._part == self.digest.chunk_size  # a part is a whole chunk: its digest is done
+        while self._part and len(self._buffer) >= self._part:
+            digest = self.digest.done[len(self._upload._parts)] if aligned else None  # None: a CRC part, computed there
+            self._upload.part(bytes(self._buffer[: self._part]), digest)
             del self._buffer[: self._part]
 
     def close(self) -> tuple[str, ...]:
@@ -264,9 +268,7 @@ def remove(fs: Any, paths: list[str]) -> None:
                 os.unlink(path)
         return
     with storage_errors(f"deleting {len(paths)} objects under {describe(fs, parent(paths[0]))}"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.rm(paths)
-        except FileNotFoundError:
-            pass
         for path in paths:
             forget(fs, path)
