@@ -654,6 +654,13 @@ def rank_main(trial: Trial, rank: int, world: int, port: int, steps: int, last_s
             world_size=world,
             timeout=datetime.timedelta(seconds=TIMEOUT_S),
         )
+    if trial.store.backend == "s3":  # the client is made before the loop's timed part, as a training job's would be
+        import fsspec
+
+        fs = fsspec.filesystem("s3", **(trial.store.options() or {}))  # the instance the library gets for these options
+        with contextlib.suppress(FileNotFoundError):
+            fs.ls(f"{BUCKET}/{trial.store.prefix}", refresh=True)
+        fs.invalidate_cache()
     trial.board.ready(rank)
     loop(trial, rank, world, steps, last_sync=last_sync)
     if world > 1:
@@ -1448,9 +1455,12 @@ def report(
     return "\n".join(lines), len(violations)
 
 
-def warm() -> None:
+def warm(backend: str) -> None:
     """Import and run once, here, what the children use: forked after this, they start warm."""
     import torch
+
+    if backend == "s3":
+        import s3fs  # noqa: F401 (imported only: no client, no thread, before the forks)
 
     torch.set_num_threads(1)
     import integrity_fs
@@ -1536,7 +1546,7 @@ def main(argv: list[str] | None = None) -> int:
         durations = {w: 0.0 for w in worlds}  # the kill point is given: nothing to measure
     workdir = args.dir or tempfile.mkdtemp(prefix="integrity-chaos-")
     os.makedirs(workdir, exist_ok=True)
-    warm()
+    warm(args.backend)
     if os.path.isdir("/proc/self/task") and len(os.listdir("/proc/self/task")) > 1:
         print("chaos: warning: threads running before the first fork", file=sys.stderr)
     harness = Harness(

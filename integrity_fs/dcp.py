@@ -9,7 +9,9 @@
   does with the exception, and on every rank. An unsealed checkpoint loads as before (INFO),
   unless ``require_manifest=True``.
 - :func:`load_latest`: the newest checkpoint that loads verified; local, unless ``group=`` is given.
-- :class:`VerifyingFsspecReader`: the ``StorageReader`` behind :func:`load`, for DCP flows of your own.
+- :class:`VerifyingFsspecReader` is the ``StorageReader`` behind :func:`load`. It is not public:
+  DCP may swallow a reader's exception (its fallback from ``.metadata`` to ``__0.metadata``), so
+  the guarantee that damage raises holds only through :func:`load`, which checks the reader after DCP.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ try:
 except ImportError as exc:
     raise ImportError(f"integrity_fs.dcp needs torch: {INSTALL_HINT}") from exc
 
-__all__ = ["VerifyingFsspecReader", "load", "load_latest", "save"]
+__all__ = ["load", "load_latest", "save"]  # VerifyingFsspecReader: see the module docstring
 
 log = logging.getLogger("integrity_fs")
 _SEAL_KEYS = {"algorithm", "granularity", "chunk_size", "private_key", "max_workers", "callback"}

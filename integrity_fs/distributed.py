@@ -84,7 +84,7 @@ def _start(g: Any, url: URL, storage_options: Any, fs: Any, mode: str, make: Any
 def _shares(g: Any, units: list[Any]) -> list[Any]:
     """This rank's share of the units, largest first, dealt round-robin."""
     world = len(gather(g, None))
-    return sorted(units, key=lambda u: (-u.length, u.name, u.index))[rank(g) :: world]
+    return sorted(units, key=lambda u: (-u.length, u.name, u.chunk))[rank(g) :: world]
 
 
 def _verify(g: Any, fs: Any, root: str, options: VerifyOptions, mode: str) -> Report:
@@ -184,7 +184,7 @@ def seal(
     ):
         digests.update(part)
     by_file: dict[str, list[str]] = {n: [] for n in listing}
-    for unit in sorted(digests, key=lambda u: (u.name, u.index)):
+    for unit in sorted(digests, key=lambda u: (u.name, u.chunk)):
         by_file[unit.name].append(digests[unit])
     manifest = build_manifest(checked, {n: s.size for n, s in listing.items()}, by_file)
     agree(g, lambda: write_sealed(fs_, root, manifest, key=checked.private_key), only=0)

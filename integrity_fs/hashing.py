@@ -75,7 +75,8 @@ def new_hasher(algorithm: str) -> Hasher:
             from blake3 import blake3
         except ImportError:
             raise NotImplementedError(f"hash algorithm 'blake3' needs the blake3 package: {_HINTS['blake3']}") from None
-        return blake3(max_threads=blake3.AUTO)  # type: ignore[no-any-return]
+        hasher: Hasher = blake3(max_threads=blake3.AUTO)  # type: ignore[assignment]  # update returns itself
+        return hasher
     if algorithm in _CRC_BYTES:
         return _Crc(getattr(_crc_module(), algorithm), _CRC_BYTES[algorithm])
     raise NotImplementedError(f"unsupported hash algorithm {algorithm!r} (supported: {', '.join(ALGORITHMS)})")
@@ -126,11 +127,11 @@ def combine(algorithm: str, digests: Sequence[str], size: int, chunk_size: int) 
 
 
 class Unit(NamedTuple):
-    """One independently hashed range: chunk ``index`` of file ``name``, ``length`` bytes from
+    """One independently hashed range: chunk ``chunk`` of file ``name``, ``length`` bytes from
     ``offset``, in a file of ``file_size`` bytes."""
 
     name: str
-    index: int
+    chunk: int
     offset: int
     length: int
     file_size: int

@@ -11,14 +11,21 @@ one's state, and retention. The rules are SPEC's "Newest good checkpoint" and "R
   reused, not recomputed.
 - ``prune`` keeps the ``keep_last`` newest that verify and deletes only what is older on both
   clocks: a smaller step, and a manifest (or, unsealed, a newest file) not written after that of
-  any kept one. Deleting marks the folder first, then removes the signature and manifest, then
-  the files, then the folder; a marked folder is finished by the next prune.
+  any kept one; of those, verified and damaged ones (unsealed ones with ``unsealed=True``), never
+  an invalid or changing one. Older ones are judged by names and sizes only (``sizes ok``).
+  Deleting marks the folder first, then removes the signature and manifest, then the files,
+  then the folder (locally through the folder opened without following links); a marked folder
+  is finished by the next prune, whatever its ``keep_last``. A store that keeps what it was told
+  to delete is an ``OSError``. Dead staging leftovers go too (see :mod:`.staging`).
+- A run that never saved (its root not there) has no checkpoints: ``latest_verified`` says so
+  and returns ``None``; ``find_checkpoints``, ``status`` and ``prune`` raise ``FileNotFoundError``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
 from collections import OrderedDict
@@ -320,8 +327,6 @@ def _gone(fs: Any, path: str, but: str | None = None) -> None:
 
 
 def _delete_local(fs: Any, path: str) -> None:
-    import os
-
     try:
         tree = storage.LocalTree(path)
     except ValueError:  # a link (or a file) now: the link goes, its target is not touched
@@ -357,8 +362,6 @@ def _delete_local(fs: Any, path: str) -> None:
 
 def tree_folders(path: str) -> list[str]:
     """The folders beneath ``path`` (links not followed, not listed)."""
-    import os
-
     out = []
     for folder, dirs, _ in os.walk(path):
         dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]

@@ -2,19 +2,27 @@
 
 Each file is read once through the pinned reader and hashed as it streams to the destination;
 the manifest goes there last, only when every file matched (an unsealed upload source is sealed
-from exactly the bytes sent). A failed transfer deletes what it wrote.
+from exactly the bytes sent). A failed transfer deletes what it wrote (the folders it made too).
 
 - ``download`` stages the copy beside ``dest`` and renames it into place once it is whole and
-  fsynced: ``dest`` holds the verified checkpoint, or is as it was.
+  fsynced; into an empty folder (a mount point, perhaps) it stages inside it and moves the
+  entries in, the manifest last: ``dest`` holds the verified checkpoint, or is as it was.
 - ``upload`` and ``copy`` write in place onto a destination that holds no checkpoint. Onto a
   sealed one (``overwrite=True``) they stage the new checkpoint beside it, seal it there, and
-  only then swap it in (a local disk: two renames; an object store: the old objects deleted and
-  the staged ones copied by the store itself, pinned to the versions staged), deleting the
-  staging folder only after the new checkpoint is sealed at the destination. At every moment one
-  complete, sealed copy exists, old or new, and an error names where it is.
+  only then swap it in: on a local disk the entries beside the old checkpoint are linked into
+  the staged folder, then two renames (the old checkpoint aside, the new one in place); on an
+  object store the old objects are deleted and the staged ones copied by the store itself,
+  pinned to the versions staged (a staged object replaced meanwhile: ``FileChangedError``, and
+  nothing sealed). The staging folder is deleted only after the new checkpoint is sealed at the
+  destination. At every moment one complete, sealed copy exists, old or new, and an error names
+  where it is.
+- Every precondition is checked before the first change: a local destination whose entries and
+  the new files are a file and a folder of one name is refused (``ValueError``); the entries of
+  a sealed destination that are not its checkpoint's are kept.
 - Staging folders left by killed transfers (see :mod:`.staging`) are removed by the next
-  transfer to that destination, or by ``prune``: never a live one, and never one that is sealed
-  while its destination is not (it may be the only copy).
+  transfer to that destination (again once it has sealed the destination), or by ``prune``:
+  never a live one, and never one that is sealed while its destination is not (it may be the
+  only copy).
 """
 
 from __future__ import annotations
@@ -199,12 +207,16 @@ class _Destination:
         try:
             if storage.is_local(fs):
                 for extra in self.extra:  # the files that are not the old checkpoint's go with the new one
-                    os.makedirs(os.path.dirname(os.path.join(staged, extra)), exist_ok=True)
-                    os.rename(os.path.join(final, extra), os.path.join(staged, extra))
+                    _carry(os.path.join(final, extra), os.path.join(staged, extra))
                 old = storage.join(storage.parent(final), staging.staging_name(final.rsplit("/", 1)[-1]))
                 os.rename(final, old)
-                os.unlink(os.path.join(staged, staging.LEASE))  # still locked through the open descriptor
-                os.rename(staged, final)
+                try:
+                    os.unlink(os.path.join(staged, staging.LEASE))  # still locked through the open descriptor
+                    os.rename(staged, final)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.rename(old, final)  # the old checkpoint back in its place
+                    raise
                 storage.fsync_dir(storage.parent(final))
                 staging.remove_tree(fs, old)
             else:
@@ -291,6 +303,16 @@ def _old_and_extra(fs: Any, root: str) -> tuple[list[str], list[str]]:
         names = set(formats.load(storage.read_file(fs, storage.join(root, storage.SIGNATURE_FILENAME)), "model_signing").files)
     listing = _local_entries(root) if storage.is_local(fs) else list(storage.list_files(fs, root))
     return sorted(n for n in listing if n in names), sorted(n for n in listing if n not in names)
+
+
+def _carry(src: str, dst: str) -> None:
+    """The entry at ``src`` also at ``dst`` (a hard link: a kill at any moment loses neither
+    copy; where the disk cannot link, moved)."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        os.rename(src, dst)
 
 
 def _local_entries(root: str) -> list[str]:

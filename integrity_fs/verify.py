@@ -302,13 +302,13 @@ def finish(plan: Plan, digests: Mapping[Unit, str]) -> Report:
     m = plan.manifest
     problems = list(plan.problems)
     by_file: dict[str, list[str]] = {}
-    for unit in sorted(digests, key=lambda u: (u.name, u.index)):
+    for unit in sorted(digests, key=lambda u: (u.name, u.chunk)):
         by_file.setdefault(unit.name, []).append(digests[unit])
     for name, got in by_file.items():
         size = plan.listing[name].size
         actual = got[0] if m.chunk_size is None else combine(m.algorithm, got, size, m.chunk_size)
         if actual != m.files[name]:
-            ranges = ()
+            ranges: tuple[tuple[int, int], ...] = ()
             if m.chunks is not None and m.chunk_size is not None:
                 pairs = enumerate(zip(m.chunks[name], got, strict=True))
                 ranges = tuple(chunk_range(size, m.chunk_size, i) for i, (a, b) in pairs if a != b)
@@ -421,7 +421,7 @@ def seal_root(fs: Any, root: str, options: SealOptions) -> Manifest:
     units = plan_units({n: s.size for n, s in listing.items()}, options.chunk_size)
     digests = hash_units(fs, root, options.algorithm, units, listing, max_workers=options.max_workers, callback=options.callback)
     by_file: dict[str, list[str]] = {n: [] for n in listing}
-    for unit in sorted(digests, key=lambda u: (u.name, u.index)):
+    for unit in sorted(digests, key=lambda u: (u.name, u.chunk)):
         by_file[unit.name].append(digests[unit])
     manifest = build_manifest(options, {n: s.size for n, s in listing.items()}, by_file)
     write_sealed(fs, root, manifest, key=options.private_key)
