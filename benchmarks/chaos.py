@@ -1,34 +1,39 @@
 """Kill it anywhere (issue 39): a real training loop, SIGKILLed at random moments, checked after each kill.
 
 ``python -m benchmarks --only chaos [--trials N] [--backend local|s3] [--seed S]`` (also
-``python -m benchmarks.chaos``). A trial is decided by its seed alone (``--seed S --trials 1``
-replays it, kill point included):
+``python -m benchmarks.chaos``). A trial is decided by its seed (``--seed S --trials 1`` runs it
+again; the report gives each violation's kill time, ``--kill-after T``, and locally the exact
+kill point, ``--kill-at-op N``). ``--every-op --seed S`` kills the trial of seed S once before
+each file operation of rank 0 in turn, the way SQLite's crash tests enumerate crash points.
 
 1. prefix: a child trains 0 to 4 steps uninterrupted. The loop, every step: a few optimizer steps
    of a small torch MLP, ``integrity_fs.dcp.save(..., keep_last=2)`` to ``run/step_<n>``; every
-   second step ``integrity_fs.upload(..., overwrite=True)`` (S3: ``copy``) of that checkpoint to
-   ``mirror/latest``, then ``integrity_fs.prune`` of ``run`` and of ``mirror``.
+   second step ``integrity_fs.upload(..., overwrite=True)`` (S3: ``copy``, the source being on S3)
+   of that checkpoint to ``mirror/latest``, then ``integrity_fs.prune`` of ``run`` and ``mirror``.
 2. damage, in a share of the trials, before or after the kill: a byte flipped in a random file of
    a random sealed checkpoint, a file truncated, or a manifest deleted; the harness keeps a ledger.
 3. the loop again, 1 or 2 gloo ranks forked from this warm interpreter (torch on one thread),
-   resumed with ``dcp.load_latest``, SIGKILLed at a moment uniform over the loop's measured
-   duration. Before each operation the child writes what it does to shared memory, and each file
-   operation is noted there too (locally by an audit hook in the child, on S3 by the moto
-   server), so the phase killed is known.
-4. a fresh process checks the invariants; leftovers are aged (their leases expired, as if the
-   killed transfer's time had run out); the loop resumes and runs two more steps (a forced
-   transfer and both prunes at least); a fresh process checks again.
+   resumed with ``dcp.load_latest``, SIGKILLed at a moment uniform over the loop's duration
+   (measured unkilled every few trials, the machine's load changing). Before each operation the
+   child writes what it does to shared memory, and each file operation is noted there too
+   (locally by an audit hook in the child, on S3 by the moto server), so the phase killed is known.
+4. a fresh process checks the invariants; the leftovers are aged (S3: their leases expired, as
+   if the killed transfer's time had run out); a process runs the next prunes, and a fresh one
+   checks again; the loop resumes and runs two more steps (a forced transfer and both prunes at
+   least); a fresh process checks again.
 
 The invariants (issue 39):
-1. once a checkpoint was sealed, one of the run verifies (unless the harness damaged every
-   candidate); once the mirror was sealed, a verifying copy of it exists (its destination, or a
+1. once a checkpoint was sealed, one of the run verifies (unless the harness damaged the
+   candidates); once the mirror was sealed, a verifying copy of it exists (its destination, or a
    staged copy);
-2. ``latest_verified`` and ``dcp.load_latest`` agree on the newest checkpoint that verifies, and
-   every checkpoint that verifies holds exactly the tensors the harness recorded for its step;
+2. ``latest_verified`` and ``dcp.load_latest`` agree with ``status --full`` on the newest
+   checkpoint that verifies, and every checkpoint that verifies holds exactly the tensors the
+   harness recorded for its step (as does every resume of the loop);
 3. damaged bytes are never loaded and never verify again (a new save of that step is fine);
 4. every leftover of a killed operation (staging folder, folder being deleted, unsealed folder)
-   is listed by ``status``, the staging and deleting ones are gone after the next prune and
-   forced transfer, and nothing outside ``run`` and ``mirror`` changes;
+   is listed by ``status``; the staging and deleting ones are gone after the next prunes (but a
+   staged copy sealed while its destination is not) and after the next forced transfer; nothing
+   outside ``run`` and ``mirror`` changes;
 5. nothing hangs: each process finishes within its timeout.
 A child that fails with an unexpected exception is a violation too (``E``). The report: kills per
 phase, damage injected, violations per invariant with each trial's seed, and last
@@ -173,7 +178,7 @@ class Board:
         return {"ready": ready, "start": start, "end": end, "t_phase": t_phase, "phase": _text(phase)}
 
 
-def phase_label(coarse: str, last: str, ring: list[str]) -> str:
+def phase_label(coarse: str, last: str, ring: list[str], remote: bool = False) -> str:
     """What the child was doing: its own phase (``save:5``), refined by the file operations seen
     since that phase began (``last``: the last one; ``ring``: those other than reads, in order)."""
     what = coarse.split(":")[0]
@@ -189,21 +194,10 @@ def phase_label(coarse: str, last: str, ring: list[str]) -> str:
         if kind == "manifest":
             return "transfer/seal"
         if not seals:
-            if kind in ("read", "list", ""):
-                return "transfer/check"
-            return (
-                "transfer/clear"
-                if kind == "delete" and "write" not in ring and "lease" not in ring
-                else "transfer/write"
-            )
-        if kind in ("rename", "copy", "swap") or (
-            seals == 1
-            and kind in ("delete", "unseal", "read", "list")
-            and "copy" not in ring
-            and "swap" not in ring
-            and "rename" not in ring
-            and _remote(ring)
-        ):
+            return "transfer/check" if kind in ("read", "list", "") else "transfer/write"
+        # staged (a lease was written): locally two renames, on S3 the old objects deleted and the
+        # staged ones copied, until the destination's manifest; then the staging folder goes
+        if kind in ("rename", "swap", "copy") or (remote and "lease" in ring and seals == 1):
             return "transfer/swap"
         return "transfer/cleanup"
     if what in ("prune-run", "prune-mirror"):
@@ -211,10 +205,6 @@ def phase_label(coarse: str, last: str, ring: list[str]) -> str:
             return "prune/mark"
         return "prune/delete" if kind in ("delete", "unseal") else "prune/verify"
     return what or "start"
-
-
-def _remote(ring: list[str]) -> bool:
-    return "lease" in ring  # an S3 staged transfer writes its lease through the store: its swap deletes before copying
 
 
 # ----------------------------------------------------------------------------- the harness's own storage
@@ -809,7 +799,9 @@ def run_loop(
         else board.tracks[0].HEAD.unpack_from(board.mm, board.tracks[0].off)[2] - slot["start"]
     )
     detail = f"{slot['phase']} {last} {os.path.basename(name)}".strip()
-    return Run([codes_[p] for p in pids], True, phase_label(slot["phase"], last, ring), detail, when, ops)
+    return Run(
+        [codes_[p] for p in pids], True, phase_label(slot["phase"], last, ring, moto is not None), detail, when, ops
+    )
 
 
 def _exited(pids: list[int]) -> bool:

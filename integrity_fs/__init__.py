@@ -1,8 +1,6 @@
 """integrity_fs: seal checkpoint directories with manifests and verify them before loading, on any
 fsspec filesystem (local, S3, GCS, ...)."""
 
-import logging
-
 from . import formats
 from .errors import (
     CheckpointingException,
@@ -50,5 +48,3 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-logging.getLogger("integrity_fs").addHandler(logging.NullHandler())

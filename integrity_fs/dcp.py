@@ -243,10 +243,12 @@ def save(
 
 @contextlib.contextmanager
 def _quiet(single: bool) -> Iterator[None]:
-    """DCP warns that a single-process call is one; asked for on purpose, that says nothing."""
+    """DCP's warnings about what integrity_fs does on purpose: a single-process call, and a save
+    over a folder that holds a checkpoint (unsealed first; the manifest lists what this save wrote)."""
     with warnings.catch_warnings():
         if single:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
         yield
 
 

@@ -319,9 +319,7 @@ def _prune(g: Any, root: URL, mode: str, kw: dict[str, Any]) -> PruneResult:
         for url in planned.deleted:
             runs.delete_checkpoint(fs_, storage.join(root_, url.rstrip("/").rsplit("/", 1)[-1]))
             log.info("deleted %s", printable(url))
-        for name, dead in staging.leftovers(fs_, root_).items():  # as the local prune does
-            if dead:
-                staging.remove_tree(fs_, storage.join(root_, name))
+        staging.clear(fs_, root_)  # dead leftovers, by the rule the local prune follows
         return dataclasses.replace(planned, dry_run=False)
 
     return agree(g, delete, only=0)  # type: ignore[no-any-return]

@@ -268,7 +268,11 @@ def remove(fs: Any, paths: list[str]) -> None:
                 os.unlink(path)
         return
     with storage_errors(f"deleting {len(paths)} objects under {describe(fs, parent(paths[0]))}"):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             fs.rm(paths)
+        except FileNotFoundError:  # some backends stop a batch at the first path already gone
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm_file(path)
         for path in paths:
             forget(fs, path)
