@@ -52,6 +52,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import mmap
 import random
 import shutil
@@ -1326,7 +1327,6 @@ def _repo() -> str:
 def serve_moto(track_path: str) -> None:
     """moto's server on port 0, noting each request's kind in the shared ``track_path``; prints
     its URL, serves until stdin closes."""
-    import logging
 
     from moto import backends
     from moto.server import ThreadedMotoServer
@@ -1461,6 +1461,7 @@ def warm(backend: str) -> None:
 
     state = fresh_state()
     train(state, 1, 0, 1)
+    logging.disable(logging.WARNING)  # its retention warnings say nothing here
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         for step in (1, 2, 3):
             dcp.save(state, f"{tmp}/run/step_{step}", keep_last=KEEP)
@@ -1474,6 +1475,7 @@ def warm(backend: str) -> None:
         cli(["status", f"{tmp}/run", "--full", "--json"])
         torch.save(state, f"{tmp}/record.pt")
         torch.load(f"{tmp}/record.pt")
+    logging.disable(logging.NOTSET)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """integrity_fs: seal checkpoint directories with manifests and verify them before loading, on any
 fsspec filesystem (local, S3, GCS, ...)."""
 
-from . import formats
+from . import formats  # noqa: F401  # SPEC's integrity_fs.formats, as an attribute
 from .errors import (
     CheckpointingException,
     FileChangedError,

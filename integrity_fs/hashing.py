@@ -16,13 +16,13 @@ from typing import Any, NamedTuple, Protocol
 
 __all__ = [
     "ALGORITHMS",
-    "check_granularity",
-    "check_signable",
     "DEFAULT_CHUNK_SIZE",
     "GRANULARITIES",
     "Hasher",
     "StreamDigest",
     "Unit",
+    "check_granularity",
+    "check_signable",
     "chunk_range",
     "combine",
     "digest_length",

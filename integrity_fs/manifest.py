@@ -128,7 +128,11 @@ class Manifest:
         for key in ("version", "algorithm", "granularity", "files"):
             if key not in data:
                 raise ManifestError(f"manifest has no {key!r} key")
-        for key, kind in (("files", "names to digests"), ("sizes", "names to byte counts"), ("chunks", "names to lists")):
+        for key, kind in (
+            ("files", "names to digests"),
+            ("sizes", "names to byte counts"),
+            ("chunks", "names to lists"),
+        ):
             if data.get(key) is not None and not isinstance(data[key], dict):
                 raise ManifestError(f"{key!r} must be an object mapping {kind}")
         chunks = data.get("chunks")
@@ -181,7 +185,9 @@ class Manifest:
         for name, digests in self.chunks.items():
             expected = chunk_count(self.sizes[name], self.chunk_size)
             if len(digests) != expected:
-                raise ManifestError(f"{name!r} has {len(digests)} chunk digests; its size and chunk_size call for {expected}")
+                raise ManifestError(
+                    f"{name!r} has {len(digests)} chunk digests; its size and chunk_size call for {expected}"
+                )
             for i, digest in enumerate(digests):
                 check_digest(f"chunk {i} of {name!r}", digest)
             if combine(self.algorithm, digests, self.sizes[name], self.chunk_size) != self.files[name]:

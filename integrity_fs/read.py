@@ -132,7 +132,11 @@ class VerifiedFile(io.RawIOBase):
             done = 0
             while done < len(view) and self._position < self.size:
                 if self._spooled:
-                    n = os.preadv(self._spool_fd(), (view[done : min(len(view), done + self.size - self._position)],), self._position)
+                    n = os.preadv(
+                        self._spool_fd(),
+                        (view[done : min(len(view), done + self.size - self._position)],),
+                        self._position,
+                    )
                 else:
                     n = self._read_unit_into(view[done:])
                 self._position += n
@@ -154,7 +158,11 @@ class VerifiedFile(io.RawIOBase):
         place, two at a time (the second on the helper thread); their byte count once all matched."""
         base = hashing.chunk_range(self.size, self._unit, first)[0]
         last = first
-        while last + 1 < len(self._digests) and last + 1 not in self._held and hashing.chunk_range(self.size, self._unit, last + 1)[1] - base <= len(view):
+        while (
+            last + 1 < len(self._digests)
+            and last + 1 not in self._held
+            and hashing.chunk_range(self.size, self._unit, last + 1)[1] - base <= len(view)
+        ):
             last += 1
         for index in range(first, last + 1, 2):
             pair = [i for i in (index, index + 1) if i <= last]
@@ -166,7 +174,9 @@ class VerifiedFile(io.RawIOBase):
                 (a, b) = ranges[1]
                 futures.append(self._pool.submit(self._hash, a, view[a - base : b - base], self._closing))
             try:
-                digests = [self._hash(a, view[a - base : b - base], self._closing) for a, b in ranges[: 2 - len(futures)]]
+                digests = [
+                    self._hash(a, view[a - base : b - base], self._closing) for a, b in ranges[: 2 - len(futures)]
+                ]
             finally:  # the helper's read into the caller's buffer ends before this call does
                 for f in futures:
                     f.exception()
@@ -202,7 +212,9 @@ class VerifiedFile(io.RawIOBase):
 
     def _hash(self, start: int, into: memoryview, stop: threading.Event) -> str:
         try:
-            return storage.hash_range(self._fs, self._path, start, len(into), self._algorithm, version=self._version, stop=stop, into=into)
+            return storage.hash_range(
+                self._fs, self._path, start, len(into), self._algorithm, version=self._version, stop=stop, into=into
+            )
         except storage.Cancelled:
             if self._closing.is_set():
                 raise ValueError("I/O operation on a closed file (closed while it was read)") from None
@@ -286,18 +298,19 @@ class VerifiedFile(io.RawIOBase):
         """The spool, once the whole file verified into it."""
         if self._spool is None:
             try:
-                spool = tempfile.TemporaryFile(prefix="integrity_fs-spool-")
+                with tempfile.TemporaryFile(prefix="integrity_fs-spool-") as spool:  # unlinked: private
+                    fd = os.dup(spool.fileno())
             except OSError as exc:
                 where, hint = tempfile.gettempdir(), "(set TMPDIR, or seal with granularity='chunk')"
                 what = f"cannot make a spool in {where} to verify {printable(self.name)} before serving it"
                 error = OSError(f"{what}: {exc.strerror} {hint}")
                 error.errno = exc.errno  # a plain OSError: not the checkpoint's file gone (FileNotFoundError)
                 raise error from exc
-            fd = os.dup(spool.fileno())
-            spool.close()
             try:
                 hasher = hashing.new_hasher(self._algorithm)
-                for piece in storage.read_blocks(self._fs, self._path, 0, self.size, version=self._version, stop=self._closing):
+                for piece in storage.read_blocks(
+                    self._fs, self._path, 0, self.size, version=self._version, stop=self._closing
+                ):
                     hasher.update(piece)
                     while piece:  # a short write (a full disk) must never leave a hole in what is served
                         piece = piece[os.write(fd, piece) :]

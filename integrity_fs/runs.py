@@ -82,14 +82,20 @@ def steps_of(names: Iterable[str], pattern: str | None) -> dict[str, int]:
         return {}
     if len(runs) > 1:
         a, b = (group[0] for group in list(runs.values())[:2])
-        raise ValueError(f"{a!r} and {b!r} are not checkpoints of one run: pass pattern= (e.g. pattern='step_{{step}}') to say which names are")
+        raise ValueError(
+            f"{a!r} and {b!r} are not checkpoints of one run: "
+            "pass pattern= (e.g. pattern='step_{step}') to say which names are"
+        )
     (run,) = runs.values()
     digits = {n: _DIGITS.findall(n) for n in run}
     differ = [i for i in range(len(digits[run[0]])) if len({d[i] for d in digits.values()}) > 1]
     if len(differ) > 1:
-        other = next(n for n in run if sum(a != b for a, b in zip(digits[n], digits[run[0]])) > 1)
+        other = next(n for n in run if sum(a != b for a, b in zip(digits[n], digits[run[0]], strict=True)) > 1)
         shape = _DIGITS.sub("*", run[0])
-        raise ValueError(f"{run[0]!r} and {other!r} differ in more than one integer, so which one is the step is not certain: pass pattern= ({shape!r} with {{step}} in place of the step's *)")
+        raise ValueError(
+            f"{run[0]!r} and {other!r} differ in more than one integer, so which one is the step is not "
+            f"certain: pass pattern= ({shape!r} with {{step}} in place of the step's *)"
+        )
     at = differ[0] if differ else len(digits[run[0]]) - 1
     return {n: int(d[at]) for n, d in digits.items()}
 
@@ -121,7 +127,9 @@ def _url(fs: Any, path: str) -> str:
     return path if storage.is_local(fs) else str(fs.unstrip_protocol(path))
 
 
-def find_checkpoints(root: URL, *, pattern: str | None = None, storage_options: dict[str, Any] | None = None, fs: Any = None) -> list[str]:
+def find_checkpoints(
+    root: URL, *, pattern: str | None = None, storage_options: dict[str, Any] | None = None, fs: Any = None
+) -> list[str]:
     """The checkpoints of the run under ``root``, newest first by their step (one listing, no reads)."""
     fs_, root_ = storage.resolve(root, storage_options, fs)
     found = candidates_of(fs_, root_, pattern)
@@ -147,7 +155,9 @@ class Judged:
 _VERDICTS: OrderedDict[tuple[Any, ...], Judged] = OrderedDict()
 
 
-def _key(fs: Any, path: str, options: VerifyOptions, listing: dict[str, Stat], meta: dict[str, Stat]) -> tuple[Any, ...]:
+def _key(
+    fs: Any, path: str, options: VerifyOptions, listing: dict[str, Stat], meta: dict[str, Stat]
+) -> tuple[Any, ...]:
     key = options.public_key
     key_id = None if key is None else key.public_bytes(*_der())
     checks = (options.quick, options.attested, options.strict, key_id, options.expected_name)
@@ -164,7 +174,19 @@ def remember(fs: Any, root: str, report: Report) -> None:
     """Record that the checkpoint at ``root`` was just hashed whole (by the writer that sealed it): ok."""
     meta: dict[str, Stat] = {}
     listing = storage.list_files(fs, root, meta)
-    _store(_key(fs, root, VerifyOptions(), listing, meta), Judged("ok", report, "", True, len(listing), sum(s.size for s in listing.values()), _time(listing, meta), _held(listing, meta)))
+    _store(
+        _key(fs, root, VerifyOptions(), listing, meta),
+        Judged(
+            "ok",
+            report,
+            "",
+            True,
+            len(listing),
+            sum(s.size for s in listing.values()),
+            _time(listing, meta),
+            _held(listing, meta),
+        ),
+    )
 
 
 def _store(key: tuple[Any, ...], judged: Judged) -> None:
@@ -193,7 +215,16 @@ def survey(fs: Any, path: str, options: VerifyOptions) -> tuple[Judged, dict[str
     except (FileNotFoundError, NotADirectoryError) as exc:
         return Judged("changing", reason=f"gone while it was read ({exc})"), {}, {}
     sealed = MANIFEST_FILENAME in meta or (options.public_key is not None and storage.SIGNATURE_FILENAME in meta)
-    base = Judged("", None, "", sealed, len(listing), sum(s.size for s in listing.values()), _time(listing, meta), _held(listing, meta))
+    base = Judged(
+        "",
+        None,
+        "",
+        sealed,
+        len(listing),
+        sum(s.size for s in listing.values()),
+        _time(listing, meta),
+        _held(listing, meta),
+    )
     if MARKER in listing:
         base = replace(base, verdict="deleting", reason="a prune was deleting it")
     return base, listing, meta
@@ -206,7 +237,9 @@ def verdict(base: Judged, check: Any, quick: bool) -> Judged:
         report = check()
         if report.ok:
             return replace(base, verdict="sizes ok" if quick else "ok", report=report)
-        return replace(base, verdict="damaged", report=report, reason=shortened([str(p) for p in report.problems], 10, sep="; "))
+        return replace(
+            base, verdict="damaged", report=report, reason=shortened([str(p) for p in report.problems], 10, sep="; ")
+        )
     except ManifestNotFoundError as exc:
         return replace(base, verdict="unsealed", reason=str(exc))
     except SignatureError as exc:
@@ -233,7 +266,15 @@ def judge(fs: Any, path: str, options: VerifyOptions) -> Judged:
         plan = prepare(fs, path, options, listing)
         if options.attested:
             attest(fs, path, plan)
-        digests = hash_units(fs, path, plan.manifest.algorithm, plan.units, listing, max_workers=options.max_workers, callback=options.callback)
+        digests = hash_units(
+            fs,
+            path,
+            plan.manifest.algorithm,
+            plan.units,
+            listing,
+            max_workers=options.max_workers,
+            callback=options.callback,
+        )
         return finish(plan, digests)
 
     judged = verdict(base, check, options.quick)
@@ -250,7 +291,14 @@ def _for(options: VerifyOptions, name: str) -> VerifyOptions:
 # ----------------------------------------------------------------------------- the verbs
 
 
-def latest(fs: Any, root: str, pattern: str | None, options: VerifyOptions, judge_fn: Any = judge, candidates: Candidates | None = None) -> tuple[str, Report] | None:
+def latest(
+    fs: Any,
+    root: str,
+    pattern: str | None,
+    options: VerifyOptions,
+    judge_fn: Any = judge,
+    candidates: Candidates | None = None,
+) -> tuple[str, Report] | None:
     order, _, _ = candidates or candidates_of(fs, root, pattern)
     if not order:
         log.warning("no checkpoints under %s", printable(storage.describe(fs, root)))
@@ -260,12 +308,19 @@ def latest(fs: Any, root: str, pattern: str | None, options: VerifyOptions, judg
         if judged.verdict in GOOD:
             assert judged.report is not None
             return _url(fs, path), judged.report
-        log.warning("skipping %s (%s): %s", printable(storage.describe(fs, path)), judged.verdict, printable(judged.reason))
+        log.warning(
+            "skipping %s (%s): %s", printable(storage.describe(fs, path)), judged.verdict, printable(judged.reason)
+        )
     return None
 
 
 def latest_verified(
-    root: URL, *, pattern: str | None = None, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Unpack[VerifyKeywords]
+    root: URL,
+    *,
+    pattern: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    fs: Any = None,
+    **options: Unpack[VerifyKeywords],
 ) -> tuple[str, Report] | None:
     """The newest checkpoint under ``root`` that verifies (hashed; ``quick=True``: names and sizes),
     with its report; ``None`` when none does. Unsealed, invalid, damaged and changing ones are
@@ -277,7 +332,13 @@ def latest_verified(
 
 
 def status(
-    fs: Any, root: str, pattern: str | None, options: VerifyOptions, judge_fn: Any = judge, candidates: Candidates | None = None, leftovers: dict[str, bool] | None = None
+    fs: Any,
+    root: str,
+    pattern: str | None,
+    options: VerifyOptions,
+    judge_fn: Any = judge,
+    candidates: Candidates | None = None,
+    leftovers: dict[str, bool] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per checkpoint (newest first), then the other folders and staging leftovers."""
     candidates = candidates or candidates_of(fs, root, pattern)
@@ -287,12 +348,46 @@ def status(
     for name in order:
         path = storage.join(root, name)
         j = judge_fn(fs, path, _for(options, name))
-        problems = [str(p) for p in j.report.problems] if j.report is not None else ([j.reason] if j.verdict != "unsealed" and j.reason else [])
-        rows.append({"name": name, "url": _url(fs, path), "sealed": j.sealed, "files": j.files, "bytes": j.bytes, "verdict": j.verdict, "problems": problems})
+        problems = (
+            [str(p) for p in j.report.problems]
+            if j.report is not None
+            else ([j.reason] if j.verdict != "unsealed" and j.reason else [])
+        )
+        rows.append(
+            {
+                "name": name,
+                "url": _url(fs, path),
+                "sealed": j.sealed,
+                "files": j.files,
+                "bytes": j.bytes,
+                "verdict": j.verdict,
+                "problems": problems,
+            }
+        )
     for name in others:
-        rows.append({"name": name, "url": _url(fs, storage.join(root, name)), "sealed": None, "files": None, "bytes": None, "verdict": "other", "problems": []})
+        rows.append(
+            {
+                "name": name,
+                "url": _url(fs, storage.join(root, name)),
+                "sealed": None,
+                "files": None,
+                "bytes": None,
+                "verdict": "other",
+                "problems": [],
+            }
+        )
     for name, dead in (staging.leftovers(fs, root) if leftovers is None else leftovers).items():
-        rows.append({"name": name, "url": _url(fs, storage.join(root, name)), "sealed": None, "files": None, "bytes": None, "verdict": "leftover" if dead else "staging", "problems": []})
+        rows.append(
+            {
+                "name": name,
+                "url": _url(fs, storage.join(root, name)),
+                "sealed": None,
+                "files": None,
+                "bytes": None,
+                "verdict": "leftover" if dead else "staging",
+                "problems": [],
+            }
+        )
     return rows
 
 
@@ -323,7 +418,9 @@ def _gone(fs: Any, path: str, but: str | None = None) -> None:
     except FileNotFoundError:
         return
     if left:
-        raise OSError(f"could not delete {printable(storage.describe(fs, path))}: the store kept {shortened(sorted(left), 5)}")
+        raise OSError(
+            f"could not delete {printable(storage.describe(fs, path))}: the store kept {shortened(sorted(left), 5)}"
+        )
 
 
 def _delete_local(fs: Any, path: str) -> None:
@@ -369,7 +466,7 @@ def tree_folders(path: str) -> list[str]:
     return out
 
 
-def prune_root(
+def prune_root(  # noqa: PLR0913  # prune's arguments, and the collective's hooks
     fs: Any,
     root: str,
     *,
@@ -392,7 +489,9 @@ def prune_root(
     kept: list[str] = []
     for name in order:
         good = len(kept) < keep_last
-        j = judge_fn(fs, storage.join(root, name), _for(options if good else replace(options, quick=True, attested=False), name))
+        j = judge_fn(
+            fs, storage.join(root, name), _for(options if good else replace(options, quick=True, attested=False), name)
+        )
         judged[name] = j
         if good and j.verdict in GOOD:
             kept.append(name)
@@ -401,7 +500,13 @@ def prune_root(
     older: set[str] = set()
     if len(kept) < keep_last:
         done = "only what an interrupted prune began is deleted" if marked else "nothing deleted"
-        log.warning("%d of the checkpoints under %s verify, fewer than keep_last=%d: %s", len(kept), printable(storage.describe(fs, root)), keep_last, done)
+        log.warning(
+            "%d of the checkpoints under %s verify, fewer than keep_last=%d: %s",
+            len(kept),
+            printable(storage.describe(fs, root)),
+            keep_last,
+            done,
+        )
     else:
         oldest = steps[kept[-1]]
         times = [judged[n].time for n in kept]
@@ -451,4 +556,6 @@ def prune(
     flag("dry_run", dry_run)
     checked = VerifyOptions(**options)
     fs_, root_ = storage.resolve(root, storage_options, fs)
-    return prune_root(fs_, root_, keep_last=keep_last, pattern=pattern, unsealed=unsealed, dry_run=dry_run, options=checked)
+    return prune_root(
+        fs_, root_, keep_last=keep_last, pattern=pattern, unsealed=unsealed, dry_run=dry_run, options=checked
+    )

@@ -79,7 +79,9 @@ class Lease:
             self._thread.start()
 
     def _renew(self) -> None:
-        storage.write_atomic(self._fs, storage.join(self._path, LEASE), json.dumps({"expires": time.time() + LEASE_S}).encode())
+        storage.write_atomic(
+            self._fs, storage.join(self._path, LEASE), json.dumps({"expires": time.time() + LEASE_S}).encode()
+        )
 
     def _renewing(self) -> None:
         while not self._stop.wait(RENEW_S):
@@ -131,7 +133,11 @@ def leftovers(fs: Any, parent: str, name: str | None = None) -> dict[str, bool]:
     except FileNotFoundError:
         return {}
     prefix = f".{name}{MARK}" if name is not None else "."
-    return {f: _dead(fs, storage.join(parent, f)) for f, link in folders.items() if not link and f.startswith(prefix) and MARK in f}
+    return {
+        f: _dead(fs, storage.join(parent, f))
+        for f, link in folders.items()
+        if not link and f.startswith(prefix) and MARK in f
+    }
 
 
 def clear(fs: Any, parent: str, name: str | None = None) -> bool:
@@ -144,7 +150,12 @@ def clear(fs: Any, parent: str, name: str | None = None) -> bool:
         path, dest = storage.join(parent, folder), storage.join(parent, destination_of(folder))
         if sealed_at(fs, path) and not sealed_at(fs, dest):
             kept = True
-            log.warning("%s holds a sealed checkpoint left by a killed transfer to %s, which is not sealed: kept (it may be the only copy)", printable(storage.describe(fs, path)), printable(storage.describe(fs, dest)))
+            log.warning(
+                "%s holds a sealed checkpoint left by a killed transfer to %s, which is not sealed: "
+                "kept (it may be the only copy)",
+                printable(storage.describe(fs, path)),
+                printable(storage.describe(fs, dest)),
+            )
             continue
         remove_tree(fs, path)
         log.info("removed %s, left by a killed transfer", printable(storage.describe(fs, path)))

@@ -85,7 +85,7 @@ def _writing(fs: Any, path: str) -> Iterator[None]:
         raise FileNotFoundError(errno.ENOENT, f"cannot write {printable(storage.describe(fs, path))}: {exc}") from exc
 
 
-def _stream(
+def _stream(  # noqa: PLR0913  # a copy's two sides, its hashing, and each call's own work
     src: tuple[Any, str],
     listing: Mapping[str, Stat],
     dst: tuple[Any, str],
@@ -112,7 +112,9 @@ def _stream(
             writer = storage.Writer(dst[0], path, algorithm, chunk_size, tree=tree, rel=name, size=listing[name].size)
         try:
             source = storage.join(src[1], name)
-            for piece in storage.read_blocks(src[0], source, 0, listing[name].size, version=listing[name].version, stop=stop):
+            for piece in storage.read_blocks(
+                src[0], source, 0, listing[name].size, version=listing[name].version, stop=stop
+            ):
                 with _writing(dst[0], path):
                     writer.write(piece)
                 progress(len(piece))
@@ -134,7 +136,11 @@ def _mismatches(manifest: Manifest, sizes: Mapping[str, int], digests: Mapping[s
         if actual != manifest.files[name]:
             ranges: tuple[tuple[int, int], ...] = ()
             if manifest.chunks is not None and chunk is not None:
-                ranges = tuple(chunk_range(sizes[name], chunk, i) for i, (a, b) in enumerate(zip(manifest.chunks[name], got)) if a != b)
+                ranges = tuple(
+                    chunk_range(sizes[name], chunk, i)
+                    for i, (a, b) in enumerate(zip(manifest.chunks[name], got, strict=True))
+                    if a != b
+                )
             problems.append(Problem(name, "mismatch", manifest.files[name], actual, ranges))
     return problems
 
@@ -173,7 +179,9 @@ class _Destination:
         self.tree = storage.LocalTree(self.root, create=True) if storage.is_local(fs) else None
         self.written: list[str] = []
 
-    def seal(self, manifest: Manifest, *, raw: bytes | None = None, signature: bytes | None = None, key: Any = None) -> None:
+    def seal(
+        self, manifest: Manifest, *, raw: bytes | None = None, signature: bytes | None = None, key: Any = None
+    ) -> None:
         """Seal what was written (where it was written); then, staged, swap it in."""
         try:
             if self.tree is not None:
@@ -235,10 +243,11 @@ class _Destination:
                 except Exception as exc:
                     changed = _changed(fs, staged, listing)
                     if changed:
-                        where = storage.describe(fs, final)
+                        where, was = storage.describe(fs, final), "it was" if len(changed) == 1 else "they were"
                         raise FileChangedError(
-                            f"replacing {where} failed: {printable(', '.join(changed))} in the staged copy at {storage.describe(fs, staged)} changed after "
-                            f"{'it was' if len(changed) == 1 else 'they were'} confirmed, so nothing was sealed at {where} (left unsealed)",
+                            f"replacing {where} failed: {printable(', '.join(changed))} in the staged copy at "
+                            f"{storage.describe(fs, staged)} changed after {was} confirmed, so nothing was sealed "
+                            f"at {where} (left unsealed)",
                             changed,
                         ) from exc
                     raise
@@ -248,7 +257,10 @@ class _Destination:
         except FileChangedError:
             raise
         except BaseException as exc:
-            raise OSError(f"replacing {storage.describe(fs, final)} failed part-way: the new checkpoint is whole and sealed at {storage.describe(fs, staged)} ({type(exc).__name__}: {exc})") from exc
+            raise OSError(
+                f"replacing {storage.describe(fs, final)} failed part-way: the new checkpoint is whole and sealed "
+                f"at {storage.describe(fs, staged)} ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def abandon(self) -> None:
         """After a failure before the swap: delete what this transfer wrote."""
@@ -287,7 +299,8 @@ def _refuse_clashes(fs: Any, root: str, there: list[str], names: list[str], what
         clash = entry if entry in folders else next((n for n in new if entry.startswith(n + "/")), None)
         if clash is not None:
             raise ValueError(
-                f"cannot {what} {storage.describe(fs, root)}: {printable(storage.describe(fs, storage.join(root, entry)))} "
+                f"cannot {what} {storage.describe(fs, root)}: "
+                f"{printable(storage.describe(fs, storage.join(root, entry)))} "
                 f"(not part of the checkpoint there) and the new {printable(clash)!r} cannot both be there "
                 "(a file or link, and a folder, of one name); nothing was changed"
             )
@@ -300,7 +313,9 @@ def _old_and_extra(fs: Any, root: str) -> tuple[list[str], list[str]]:
     except FileNotFoundError:
         from . import formats
 
-        names = set(formats.load(storage.read_file(fs, storage.join(root, storage.SIGNATURE_FILENAME)), "model_signing").files)
+        names = set(
+            formats.load(storage.read_file(fs, storage.join(root, storage.SIGNATURE_FILENAME)), "model_signing").files
+        )
     listing = _local_entries(root) if storage.is_local(fs) else list(storage.list_files(fs, root))
     return sorted(n for n in listing if n in names), sorted(n for n in listing if n not in names)
 
@@ -349,7 +364,9 @@ def _still(tree: storage.LocalTree, path: str) -> None:
     """``OSError`` unless ``path`` is still the folder ``tree`` writes beneath: nothing is sealed
     in what is there now."""
     if _replaced(tree, path):
-        raise OSError(f"{path} was removed or replaced while it was written: nothing is written through what is there now")
+        raise OSError(
+            f"{path} was removed or replaced while it was written: nothing is written through what is there now"
+        )
 
 
 def _changed(fs: Any, root: str, listing: Mapping[str, Stat]) -> list[str]:
@@ -375,12 +392,25 @@ def _copy_within(fs: Any, src: str, dst: str, listing: Mapping[str, Stat], manif
                 assert manifest.chunk_size is not None
                 parts = [(*chunk_range(stat.size, manifest.chunk_size, i), d) for i, d in enumerate(chunks)]
             elif stat.size > storage.s3.MAX_PART:
-                parts = [(s, min(stat.size, s + storage.s3.CRC_PART * 16), None) for s in range(0, stat.size, storage.s3.CRC_PART * 16)]
+                parts = [
+                    (s, min(stat.size, s + storage.s3.CRC_PART * 16), None)
+                    for s in range(0, stat.size, storage.s3.CRC_PART * 16)
+                ]
             storage.s3.copy_object(fs, a, str(stat.version), b, manifest.algorithm, parts)
         elif storage.is_gcs(fs):
             storage.gcs.copy_object(fs, a, str(stat.version), b)
         else:
-            digests = _stream((fs, src), {name: stat}, (fs, dst), manifest.algorithm, manifest.chunk_size, tree=None, written=[], max_workers=1, callback=None)
+            digests = _stream(
+                (fs, src),
+                {name: stat},
+                (fs, dst),
+                manifest.algorithm,
+                manifest.chunk_size,
+                tree=None,
+                written=[],
+                max_workers=1,
+                callback=None,
+            )
             problems = _mismatches(manifest, {name: stat.size}, digests)
             if problems:
                 raise IntegrityError(Report(problems=tuple(problems)), storage.describe(fs, src))
@@ -412,7 +442,10 @@ def download(
         raise ValueError(f"url {storage.describe(src_fs, root)} and dest {target} overlap: download outside url")
     parent, name = os.path.split(target)
     ours = f".{name}{staging.MARK}"  # a killed download into this empty folder left it
-    if os.path.islink(target) or (os.path.lexists(target) and (not os.path.isdir(target) or any(not e.startswith(ours) for e in os.listdir(target)))):
+    if os.path.islink(target) or (
+        os.path.lexists(target)
+        and (not os.path.isdir(target) or any(not e.startswith(ours) for e in os.listdir(target)))
+    ):
         raise FileExistsError(f"{target} exists and is not an empty folder: download into a new or empty one")
     raw, manifest, signature = _sealed_source(src_fs, root)
     plan = prepare(src_fs, root, VerifyOptions(strict=strict, manifest=manifest))
@@ -439,10 +472,22 @@ def download(
     lease = staging.Lease(local, stage)
     tree = storage.LocalTree(stage)
     try:
-        digests = _stream((src_fs, root), listing, (local, stage), manifest.algorithm, manifest.chunk_size, tree=tree, written=[], max_workers=max_workers, callback=callback)
+        digests = _stream(
+            (src_fs, root),
+            listing,
+            (local, stage),
+            manifest.algorithm,
+            manifest.chunk_size,
+            tree=tree,
+            written=[],
+            max_workers=max_workers,
+            callback=callback,
+        )
         problems = _mismatches(manifest, {n: s.size for n, s in listing.items()}, digests)
         if problems:
-            raise IntegrityError(Report(problems=tuple(problems), extra=plan.extra, files_checked=len(listing)), plan.location)
+            raise IntegrityError(
+                Report(problems=tuple(problems), extra=plan.extra, files_checked=len(listing)), plan.location
+            )
         tree.sync()
         _still(tree, stage)
         write_sealed(local, stage, manifest, raw=raw, signature=signature)
@@ -464,7 +509,10 @@ def download(
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
         if replaced and not isinstance(exc, FileChangedError):
-            raise OSError(f"{stage} was removed or replaced while the download wrote it: nothing was sealed ({type(exc).__name__}: {exc})") from exc
+            raise OSError(
+                f"{stage} was removed or replaced while the download wrote it: nothing was sealed "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
         raise
     finally:
         tree.close()
@@ -474,7 +522,14 @@ def download(
     return Report(extra=plan.extra, files_checked=len(listing), bytes_checked=sum(s.size for s in listing.values()))
 
 
-def upload(src: str | os.PathLike[str], url: URL, *, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Unpack[SealKeywords]) -> Manifest:
+def upload(
+    src: str | os.PathLike[str],
+    url: URL,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    fs: Any = None,
+    **options: Unpack[SealKeywords],
+) -> Manifest:
     """Copy the local folder ``src`` to ``url``, each byte read once, the manifest last.
 
     A sealed ``src`` is checked against its manifest on the way (only the files it lists are sent)
@@ -492,12 +547,19 @@ def upload(src: str | os.PathLike[str], url: URL, *, storage_options: dict[str, 
         raw, manifest, signature = _sealed_source(local, source)
         for key in ("algorithm", "granularity", "chunk_size"):
             if key in options and options[key] != getattr(manifest, key):
-                raise ValueError(f"{source} is sealed with {key} {getattr(manifest, key)!r} and upload sends its manifest unchanged: leave {key} out, or seal the source again")
+                raise ValueError(
+                    f"{source} is sealed with {key} {getattr(manifest, key)!r} and upload sends its manifest "
+                    f"unchanged: leave {key} out, or seal the source again"
+                )
         plan = prepare(local, source, VerifyOptions(manifest=manifest))
         if plan.problems:
             raise IntegrityError(Report(problems=tuple(plan.problems), extra=plan.extra), source)
         if plan.extra:
-            log.warning("not uploading %d files that %s does not list", len(plan.extra), printable(os.path.join(source, MANIFEST_FILENAME)))
+            log.warning(
+                "not uploading %d files that %s does not list",
+                len(plan.extra),
+                printable(os.path.join(source, MANIFEST_FILENAME)),
+            )
         listing = {n: plan.listing[n] for n in manifest.files}
         if checked.private_key is not None:
             signature = None
@@ -508,10 +570,22 @@ def upload(src: str | os.PathLike[str], url: URL, *, storage_options: dict[str, 
     algorithm = manifest.algorithm if manifest is not None else checked.algorithm
     if checked.private_key is not None and algorithm != "sha256":
         raise ValueError(f"cannot sign a {algorithm} manifest: seal the source with algorithm='sha256' to sign")
-    chunk = manifest.chunk_size if manifest is not None else checked.chunk_size if checked.granularity == "chunk" else None
+    chunk = (
+        manifest.chunk_size if manifest is not None else checked.chunk_size if checked.granularity == "chunk" else None
+    )
     target = _Destination(dst_fs, root, list(listing), checked.overwrite)
     try:
-        digests = _stream((local, source), listing, (dst_fs, target.root), algorithm, chunk, tree=target.tree, written=target.written, max_workers=checked.max_workers, callback=checked.callback)
+        digests = _stream(
+            (local, source),
+            listing,
+            (dst_fs, target.root),
+            algorithm,
+            chunk,
+            tree=target.tree,
+            written=target.written,
+            max_workers=checked.max_workers,
+            callback=checked.callback,
+        )
         sizes = {n: s.size for n, s in listing.items()}
         if manifest is None:
             manifest = build_manifest(checked, sizes, digests)
@@ -545,7 +619,10 @@ def copy(
     src_fs, src_root = storage.resolve(src, src_options)
     dst_fs, dst_root = storage.resolve(dst, dst_options)
     if storage.overlap(src_fs, src_root, dst_fs, dst_root):
-        raise ValueError(f"src {storage.describe(src_fs, src_root)} and dst {storage.describe(dst_fs, dst_root)} overlap: copy outside src")
+        raise ValueError(
+            f"src {storage.describe(src_fs, src_root)} and dst {storage.describe(dst_fs, dst_root)} "
+            "overlap: copy outside src"
+        )
     raw, manifest, signature = _sealed_source(src_fs, src_root)
     plan = prepare(src_fs, src_root, VerifyOptions(manifest=manifest))
     if plan.problems:
@@ -553,10 +630,22 @@ def copy(
     listing = {n: plan.listing[n] for n in manifest.files}
     target = _Destination(dst_fs, dst_root, list(listing), overwrite)
     try:
-        digests = _stream((src_fs, src_root), listing, (dst_fs, target.root), manifest.algorithm, manifest.chunk_size, tree=target.tree, written=target.written, max_workers=max_workers, callback=callback)
+        digests = _stream(
+            (src_fs, src_root),
+            listing,
+            (dst_fs, target.root),
+            manifest.algorithm,
+            manifest.chunk_size,
+            tree=target.tree,
+            written=target.written,
+            max_workers=max_workers,
+            callback=callback,
+        )
         problems = _mismatches(manifest, {n: s.size for n, s in listing.items()}, digests)
         if problems:
-            raise IntegrityError(Report(problems=tuple(problems), extra=plan.extra, files_checked=len(listing)), plan.location)
+            raise IntegrityError(
+                Report(problems=tuple(problems), extra=plan.extra, files_checked=len(listing)), plan.location
+            )
     except BaseException:
         target.abandon()
         raise

@@ -85,7 +85,9 @@ def _manifest_file(
         try:
             name = text if text == MANIFEST_FILENAME else check_name(text)
         except ManifestError as exc:
-            raise ValueError(f"manifest {text!r} is not a name inside the checkpoint ({exc}): pass ./NAME or a URL") from None
+            raise ValueError(
+                f"manifest {text!r} is not a name inside the checkpoint ({exc}): pass ./NAME or a URL"
+            ) from None
         mfs, path = fs, storage.join(root, name)
     where = storage.describe(mfs, path)
     try:
@@ -115,7 +117,9 @@ def _without(manifest: Manifest, names: set[str]) -> Manifest:
     def drop(mapping: Mapping[str, Any] | None) -> Any:
         return None if mapping is None else {k: v for k, v in mapping.items() if k not in names}
 
-    return dataclasses.replace(manifest, files=drop(manifest.files), sizes=drop(manifest.sizes), chunks=drop(manifest.chunks))
+    return dataclasses.replace(
+        manifest, files=drop(manifest.files), sizes=drop(manifest.sizes), chunks=drop(manifest.chunks)
+    )
 
 
 def manifest_in_use(fs: Any, root: str, options: VerifyOptions) -> tuple[Manifest, str | None, bool]:
@@ -290,11 +294,19 @@ def hash_units(
         for unit in batch:
             version = listing[unit.name].version if listing is not None else None
             path = storage.join(root, unit.name)
-            out.append(storage.hash_range(fs, path, unit.offset, unit.length, algorithm, version=version, stop=stop, progress=progress))
+            out.append(
+                storage.hash_range(
+                    fs, path, unit.offset, unit.length, algorithm, version=version, stop=stop, progress=progress
+                )
+            )
         return out
 
     results = run_parallel(task, tasks, workers_for(fs, max_workers), stop)
-    return {unit: digest for batch, digests in zip(tasks, results, strict=True) for unit, digest in zip(batch, digests, strict=True)}
+    return {
+        unit: digest
+        for batch, digests in zip(tasks, results, strict=True)
+        for unit, digest in zip(batch, digests, strict=True)
+    }
 
 
 def finish(plan: Plan, digests: Mapping[Unit, str]) -> Report:
@@ -332,7 +344,15 @@ def check(fs: Any, root: str, options: VerifyOptions) -> Report:
     if options.attested:
         attest(fs, root, plan)
     listing = plan.listing
-    digests = hash_units(fs, root, plan.manifest.algorithm, plan.units, listing, max_workers=options.max_workers, callback=options.callback)
+    digests = hash_units(
+        fs,
+        root,
+        plan.manifest.algorithm,
+        plan.units,
+        listing,
+        max_workers=options.max_workers,
+        callback=options.callback,
+    )
     report = finish(plan, digests)
     if not report.ok:
         raise IntegrityError(report, plan.location)
@@ -340,7 +360,9 @@ def check(fs: Any, root: str, options: VerifyOptions) -> Report:
     return report
 
 
-def verify(url: URL, *, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Unpack[VerifyKeywords]) -> Report:
+def verify(
+    url: URL, *, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Unpack[VerifyKeywords]
+) -> Report:
     """Check the checkpoint at ``url`` against its manifest; raise on any problem.
 
     ``ManifestNotFoundError``: no manifest; ``ManifestError``: it is invalid; ``IntegrityError``
@@ -371,13 +393,19 @@ def check_sealable(fs: Any, root: str, names: Sequence[str], what: str = "seal")
         try:
             check_name(name)
         except ManifestError as exc:
-            raise ValueError(f"cannot {what} {storage.describe(fs, root)}: the file name {printable(name)!r} cannot be in a manifest ({exc})") from None
+            raise ValueError(
+                f"cannot {what} {storage.describe(fs, root)}: the file name {printable(name)!r} "
+                f"cannot be in a manifest ({exc})"
+            ) from None
     files = set(names)
     for name in names:
         parts = name.split("/")
         clash = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in files), None)
         if clash is not None:
-            raise ValueError(f"cannot {what} {storage.describe(fs, root)}: {printable(clash)!r} is a file and also a folder holding {printable(name)!r}")
+            raise ValueError(
+                f"cannot {what} {storage.describe(fs, root)}: {printable(clash)!r} is a file and also "
+                f"a folder holding {printable(name)!r}"
+            )
 
 
 def build_manifest(options: SealOptions, sizes: Mapping[str, int], digests: Mapping[str, Sequence[str]]) -> Manifest:
@@ -385,10 +413,19 @@ def build_manifest(options: SealOptions, sizes: Mapping[str, int], digests: Mapp
     chunk = options.chunk_size if options.granularity == "chunk" else None
     files = {n: d[0] if chunk is None else combine(options.algorithm, d, sizes[n], chunk) for n, d in digests.items()}
     chunks = {n: tuple(d) for n, d in digests.items()} if chunk is not None else None
-    return Manifest(files=files, sizes=dict(sizes), algorithm=options.algorithm, granularity=options.granularity, chunk_size=chunk, chunks=chunks)
+    return Manifest(
+        files=files,
+        sizes=dict(sizes),
+        algorithm=options.algorithm,
+        granularity=options.granularity,
+        chunk_size=chunk,
+        chunks=chunks,
+    )
 
 
-def write_sealed(fs: Any, root: str, manifest: Manifest, *, key: Any = None, raw: bytes | None = None, signature: bytes | None = None) -> None:
+def write_sealed(
+    fs: Any, root: str, manifest: Manifest, *, key: Any = None, raw: bytes | None = None, signature: bytes | None = None
+) -> None:
     """The manifest at ``root``, atomically, after the content; then its signature (made with
     ``key``, or ``signature`` carried unchanged). A signature of earlier content is removed first."""
     if key is not None:
@@ -419,7 +456,9 @@ def seal_root(fs: Any, root: str, options: SealOptions) -> Manifest:
 
         check_names({n: s.size for n, s in listing.items()}, options.chunk_size)  # before any byte is read
     units = plan_units({n: s.size for n, s in listing.items()}, options.chunk_size)
-    digests = hash_units(fs, root, options.algorithm, units, listing, max_workers=options.max_workers, callback=options.callback)
+    digests = hash_units(
+        fs, root, options.algorithm, units, listing, max_workers=options.max_workers, callback=options.callback
+    )
     by_file: dict[str, list[str]] = {n: [] for n in listing}
     for unit in sorted(digests, key=lambda u: (u.name, u.chunk)):
         by_file[unit.name].append(digests[unit])
@@ -429,7 +468,9 @@ def seal_root(fs: Any, root: str, options: SealOptions) -> Manifest:
     return manifest
 
 
-def seal(url: URL, *, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Unpack[SealKeywords]) -> Manifest:
+def seal(
+    url: URL, *, storage_options: dict[str, Any] | None = None, fs: Any = None, **options: Unpack[SealKeywords]
+) -> Manifest:
     """Hash every file under ``url`` and write the manifest beside them, last and atomically.
 
     A root that holds a manifest raises ``FileExistsError`` unless ``overwrite=True`` (sealing
@@ -461,7 +502,14 @@ def sign(
     key = signing.load_private_key(private_key)
     check(fs_, root, VerifyOptions(manifest=before, max_workers=max_workers, callback=callback))
     if load_manifest(fs_, root).to_json() != before.to_json():
-        raise FileChangedError(f"{storage.describe(fs_, root)}/{MANIFEST_FILENAME} changed while it was verified; not signed", (MANIFEST_FILENAME,))
-    storage.write_atomic(fs_, storage.join(root, storage.SIGNATURE_FILENAME), signing.sign(before, key, root.rstrip("/").rsplit("/", 1)[-1]))
+        raise FileChangedError(
+            f"{storage.describe(fs_, root)}/{MANIFEST_FILENAME} changed while it was verified; not signed",
+            (MANIFEST_FILENAME,),
+        )
+    storage.write_atomic(
+        fs_,
+        storage.join(root, storage.SIGNATURE_FILENAME),
+        signing.sign(before, key, root.rstrip("/").rsplit("/", 1)[-1]),
+    )
     log.info("signed %s", printable(storage.describe(fs_, root)))
     return before

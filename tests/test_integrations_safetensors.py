@@ -23,12 +23,12 @@ pytest.importorskip("safetensors")
 
 import torch
 from conftest import BUCKET, Backend
+from integrity_fs.integrations.safetensors import INDEX_NAME, WEIGHTS_NAME, load_state_dict
 from read_counting import CountingS3Server
 from safetensors.torch import load_file, save_file
 
 import integrity_fs as ifs
 from integrity_fs import MANIFEST_FILENAME, IntegrityError, ManifestNotFoundError, SignatureError
-from integrity_fs.integrations.safetensors import INDEX_NAME, WEIGHTS_NAME, load_state_dict
 
 #: Small chunks, so that tensors start and end inside chunks and span several.
 CHUNK = 4096

@@ -64,7 +64,9 @@ def test_no_public_function_takes_more_than_8_parameters() -> None:
         obj = getattr(importlib.import_module(module), attr)
         callables = [obj] if inspect.isfunction(obj) else []
         if inspect.isclass(obj):
-            callables = [m for n, m in vars(obj).items() if inspect.isfunction(m) and (n == "__init__" or not n.startswith("_"))]
+            callables = [
+                m for n, m in vars(obj).items() if inspect.isfunction(m) and (n == "__init__" or not n.startswith("_"))
+            ]
         for fn in callables:
             params = [p for p in inspect.signature(fn).parameters if p != "self"]
             if len(params) > 8:
@@ -91,7 +93,11 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_no_library_module_imports_the_command_line() -> None:
-    offenders = [name for name, path in _modules().items() if not name.startswith(("cli", "__main__")) and any(i.startswith("integrity_fs.cli") for i in _imports(path))]
+    offenders = [
+        name
+        for name, path in _modules().items()
+        if not name.startswith(("cli", "__main__")) and any(i.startswith("integrity_fs.cli") for i in _imports(path))
+    ]
     assert offenders == []
 
 
@@ -109,7 +115,10 @@ def test_only_storage_talks_to_the_backends() -> None:
 
 def test_no_import_cycle() -> None:
     modules = _modules()
-    graph = {name: {i[len("integrity_fs.") :] for i in _imports(path) if i.startswith("integrity_fs.")} & set(modules) for name, path in modules.items()}
+    graph = {
+        name: {i[len("integrity_fs.") :] for i in _imports(path) if i.startswith("integrity_fs.")} & set(modules)
+        for name, path in modules.items()
+    }
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:
@@ -129,7 +138,9 @@ def test_no_import_cycle() -> None:
 
 
 #: A test's reach into the library's internals: patching a module or object of integrity_fs.
-PATCH = re.compile(r"monkeypatch\.setattr\(\s*(?:\"integrity_fs\.|[a-z_]*(?:storage|read|dcp|verify|runs|transfer|work|options|manifest|hashing|ifs)\b)|mock\.patch(?:\.object)?\(\s*(?:\"integrity_fs|[a-z_]*(?:storage|read|dcp))")
+PATCH = re.compile(
+    r"monkeypatch\.setattr\(\s*(?:\"integrity_fs\.|[a-z_]*(?:storage|read|dcp|verify|runs|transfer|work|options|manifest|hashing|ifs)\b)|mock\.patch(?:\.object)?\(\s*(?:\"integrity_fs|[a-z_]*(?:storage|read|dcp))"
+)
 
 
 def test_the_tests_patch_internals_in_at_most_10_places() -> None:

@@ -48,7 +48,9 @@ def _data(name: str, size: int) -> bytes:
 
 
 @pytest.fixture(scope="module", params=["local", "s3"])
-def sealed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any], dict[str, str]]]:
+def sealed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, Any], dict[str, str]]]:
     """The backend's name, storage options, and each file's checkpoint URL (one per hashing)."""
     maker = _make_backend(request.param, request, tmp_path_factory.mktemp(request.param))
     backend = next(maker)
@@ -58,7 +60,12 @@ def sealed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         backend.write(f"{folder}/{name}", _data(name, size))
         urls[name] = f"{backend.url}/{folder}"
     for granularity, chunk in {(f[2], f[3]) for f in FILES}:
-        ifs.seal(f"{backend.url}/{granularity}_{chunk}", storage_options=backend.storage_options, granularity=granularity, chunk_size=chunk)
+        ifs.seal(
+            f"{backend.url}/{granularity}_{chunk}",
+            storage_options=backend.storage_options,
+            granularity=granularity,
+            chunk_size=chunk,
+        )
     yield request.param, backend.storage_options, urls
     for _ in maker:
         pass
@@ -116,7 +123,9 @@ def _run(f: io.RawIOBase, data: bytes, steps: list[Step]) -> None:
 
 
 @pytest.mark.parametrize("file", [f[0] for f in FILES])
-def test_random_seeks_and_reads_return_the_files_bytes(sealed: tuple[str, dict[str, Any], dict[str, str]], file: str) -> None:
+def test_random_seeks_and_reads_return_the_files_bytes(
+    sealed: tuple[str, dict[str, Any], dict[str, str]], file: str
+) -> None:
     where, options, urls = sealed
     size = next(f[1] for f in FILES if f[0] == file)
     data = _data(file, size)
@@ -199,8 +208,14 @@ def test_a_large_file_of_file_granularity_is_served_from_a_verified_spool(tmp_pa
 
 
 @settings(max_examples=40, **SETTINGS)
-@given(size=st.integers(0, 70_000), chunk=st.sampled_from([None, 4096, 10_000]), algorithm=st.sampled_from(["blake3", "crc64nvme", "crc32c"]))
-def test_every_algorithm_seals_the_digests_of_the_bytes(tmp_path_factory: pytest.TempPathFactory, size: int, chunk: int | None, algorithm: str) -> None:
+@given(
+    size=st.integers(0, 70_000),
+    chunk=st.sampled_from([None, 4096, 10_000]),
+    algorithm=st.sampled_from(["blake3", "crc64nvme", "crc32c"]),
+)
+def test_every_algorithm_seals_the_digests_of_the_bytes(
+    tmp_path_factory: pytest.TempPathFactory, size: int, chunk: int | None, algorithm: str
+) -> None:
     """Sealed digests are those of the bytes, for every unit at every offset, and a verify passes."""
     import awscrt.checksums
     from blake3 import blake3

@@ -81,8 +81,10 @@ def storage_errors(what: str) -> Iterator[None]:
         if link is None or id(link) in seen:
             raise
         names = " ".join(cls.__name__ for cls in type(link).__mro__)
-        kind: type[OSError] = type(link) if isinstance(link, OSError) and type(link).__module__ == "builtins" else (
-            TimeoutError if "Timeout" in names else ConnectionError if "Connect" in names else OSError
+        kind: type[OSError] = (
+            type(link)
+            if isinstance(link, OSError) and type(link).__module__ == "builtins"
+            else (TimeoutError if "Timeout" in names else ConnectionError if "Connect" in names else OSError)
         )
         error = kind(f"storage error while {what}: {type(link).__name__}: {link}")
         if isinstance(link, OSError):

@@ -20,8 +20,16 @@ def copy_object(fs: Any, source: str, generation: str, path: str) -> None:
         token: dict[str, str] = {}
         while True:
             out = await fs._call(
-                "POST", "b/{}/o/{}/rewriteTo/b/{}/o/{}", b1, k1, b2, k2,
-                headers={"Content-Type": "application/json"}, json_out=True, sourceGeneration=generation, **token,
+                "POST",
+                "b/{}/o/{}/rewriteTo/b/{}/o/{}",
+                b1,
+                k1,
+                b2,
+                k2,
+                headers={"Content-Type": "application/json"},
+                json_out=True,
+                sourceGeneration=generation,
+                **token,
             )
             if out.get("done") is True:
                 return

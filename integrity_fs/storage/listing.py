@@ -74,7 +74,14 @@ def _seconds(value: Any) -> float | None:
 
 
 def _remote_stat(fs: Any, info: dict[str, Any]) -> Stat:
-    mtime = next((t for k in ("LastModified", "mtime", "updated", "last_modified", "created") if (t := _seconds(info.get(k))) is not None), None)
+    mtime = next(
+        (
+            t
+            for k in ("LastModified", "mtime", "updated", "last_modified", "created")
+            if (t := _seconds(info.get(k))) is not None
+        ),
+        None,
+    )
     if is_gcs(fs) and info.get("generation") is not None:
         version: str | int = str(info["generation"])
     else:

@@ -194,7 +194,9 @@ def _local_blocks(
     try:
         pinned = identity(st)
         if version is not None and pinned != version:
-            raise FileChangedError(f"{path} changed while it was read (written to or replaced since it was listed)", (path,))
+            raise FileChangedError(
+                f"{path} changed while it was read (written to or replaced since it was listed)", (path,)
+            )
         buffer = into if into is not None else memoryview(bytearray(min(BLOCK, max(1, length))))
         done = 0
         while done < length:
@@ -226,7 +228,7 @@ def _seek_read(fd: int, n: int, offset: int) -> bytes:  # Windows: no pread
     return os.read(fd, n)
 
 
-def hash_range(
+def hash_range(  # noqa: PLR0913  # where, what, how: each read's own
     fs: Any,
     path: str,
     offset: int,

@@ -113,7 +113,9 @@ class Upload:
         else:
             if data or not self._parts:
                 self.part(data, digest if self._algorithm == "sha256" else None)
-            whole = {} if self._algorithm == "sha256" else {**self._checksum(b"", digest), "ChecksumType": "FULL_OBJECT"}
+            whole = (
+                {} if self._algorithm == "sha256" else {**self._checksum(b"", digest), "ChecksumType": "FULL_OBJECT"}
+            )
             parts = {"Parts": self._parts}
             self._call("complete_multipart_upload", UploadId=self._upload_id, MultipartUpload=parts, **whole)
             self._upload_id = None
@@ -126,7 +128,9 @@ class Upload:
                 self._call("abort_multipart_upload", UploadId=upload_id)
 
 
-def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, parts: list[tuple[int, int, str | None]]) -> None:
+def copy_object(
+    fs: Any, source: str, etag: str, path: str, algorithm: str, parts: list[tuple[int, int, str | None]]
+) -> None:
     """Copy ``source`` (pinned: ``etag``, else S3 refuses with 412) to ``path`` in the same store,
     keeping an attestable layout: ``parts`` (``start``, ``end``, SHA-256 of each, for a composite
     object) or one CopyObject that S3 gives the checksum of ``algorithm`` (when it keeps one)."""
@@ -134,13 +138,17 @@ def copy_object(fs: Any, source: str, etag: str, path: str, algorithm: str, part
     src = {"Bucket": bucket, "Key": key}
     upload = Upload(fs, path, algorithm if algorithm in CHECKSUMS else "sha256")
     if not parts:
-        kind = {"ChecksumAlgorithm": CHECKSUMS[algorithm]} if algorithm in CHECKSUMS and _supports(fs, algorithm) else {}
+        kind = (
+            {"ChecksumAlgorithm": CHECKSUMS[algorithm]} if algorithm in CHECKSUMS and _supports(fs, algorithm) else {}
+        )
         upload._call("copy_object", CopySource=src, CopySourceIfMatch=etag, **kind)
         fs.invalidate_cache(path)
         return
     try:
         sums = all(d is not None for _, _, d in parts)
-        upload._upload_id = upload._call("create_multipart_upload", **({"ChecksumAlgorithm": "SHA256"} if sums else {}))["UploadId"]
+        upload._upload_id = upload._call(
+            "create_multipart_upload", **({"ChecksumAlgorithm": "SHA256"} if sums else {})
+        )["UploadId"]
         for number, (start, end, digest) in enumerate(parts, 1):
             out = upload._call(
                 "upload_part_copy",
