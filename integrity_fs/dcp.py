@@ -185,7 +185,7 @@ def save(
     g = group_of(process_group)
 
     def arguments() -> tuple[SealOptions, str | None, Any, str, Any]:
-        options = SealOptions(**{"granularity": "chunk", **{k: v for k, v in kw.items() if k in _SEAL_KEYS}})
+        options = SealOptions.of(**{"granularity": "chunk", **{k: v for k, v in kw.items() if k in _SEAL_KEYS}})
         series = None
         if keep_last is not None:
             count("keep_last", keep_last, optional=False)
@@ -296,7 +296,7 @@ class VerifyingFsspecReader(FsspecReader):
 
     def __init__(self, path: URL, *, storage_options: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(os.fspath(path), **(storage_options or {}))
-        self.options = VerifyOptions(**options)
+        self.options = VerifyOptions.of(**options)
         self.serving, self.root = storage.resolve(os.fspath(path), storage_options, through_caches=True)
         self.store = storage.under_cache(self.serving)
         self.fs = _VerifiedFileSystem(self)  # type: ignore[assignment]  # DCP types it as its local FileSystem
@@ -388,7 +388,7 @@ def _load(
         reader = agree(g, arguments)
         check_same(
             g,
-            {"verify": verify, "require_manifest": require, **dict(fingerprint(VerifyOptions(**options)))},
+            {"verify": verify, "require_manifest": require, **dict(fingerprint(VerifyOptions.of(**options)))},
             "the arguments of dcp.load",
         )
     if reader is None:
@@ -469,7 +469,7 @@ def load_latest(
     g = group_of(group) if group is not None else None
 
     def arguments() -> tuple[VerifyOptions, Any, str]:
-        return (VerifyOptions(**options), *storage.resolve(root, storage_options))
+        return (VerifyOptions.of(**options), *storage.resolve(root, storage_options))
 
     if g is None:
         checked, fs, root_ = arguments()

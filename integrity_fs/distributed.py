@@ -138,8 +138,8 @@ def verify(
     g = group_of(group)
     if g is None:
         _mode(mode)
-        return check(*storage.resolve(url, storage_options, fs), VerifyOptions(**options))
-    fs_, root, checked = _start(g, url, storage_options, fs, mode, lambda m: VerifyOptions(**options), "verify")
+        return check(*storage.resolve(url, storage_options, fs), VerifyOptions.of(**options))
+    fs_, root, checked = _start(g, url, storage_options, fs, mode, lambda m: VerifyOptions.of(**options), "verify")
     return _verify(g, fs_, root, checked, mode)
 
 
@@ -157,8 +157,8 @@ def seal(
     g = group_of(group)
     if g is None:
         _mode(mode)
-        return seal_root(*storage.resolve(url, storage_options, fs), SealOptions(**options))
-    fs_, root, checked = _start(g, url, storage_options, fs, mode, lambda m: SealOptions(**options), "seal")
+        return seal_root(*storage.resolve(url, storage_options, fs), SealOptions.of(**options))
+    fs_, root, checked = _start(g, url, storage_options, fs, mode, lambda m: SealOptions.of(**options), "seal")
     if mode == "rank0":
         return agree(g, lambda: seal_root(fs_, root, checked), only=0)  # type: ignore[no-any-return]
 
@@ -236,7 +236,7 @@ def latest_verified(
         _mode(mode)
         return runs.latest_verified(root, pattern=pattern, storage_options=storage_options, fs=fs, **options)
     fs_, root_, checked = _start(
-        g, root, storage_options, fs, mode, lambda m: VerifyOptions(**options), "latest_verified"
+        g, root, storage_options, fs, mode, lambda m: VerifyOptions.of(**options), "latest_verified"
     )
     with logged_once(g):
         found = candidates(g, fs_, root_, pattern, mode)
@@ -257,8 +257,8 @@ def status(
     g = group_of(group)
     if g is None:
         _mode(mode)
-        return runs.status(*storage.resolve(root, storage_options, fs), pattern, VerifyOptions(**options))
-    fs_, root_, checked = _start(g, root, storage_options, fs, mode, lambda m: VerifyOptions(**options), "status")
+        return runs.status(*storage.resolve(root, storage_options, fs), pattern, VerifyOptions.of(**options))
+    fs_, root_, checked = _start(g, root, storage_options, fs, mode, lambda m: VerifyOptions.of(**options), "status")
     with logged_once(g):
         found = candidates(g, fs_, root_, pattern, mode)
         left = agree(g, lambda: staging.leftovers(fs_, root_), only=0)
@@ -290,7 +290,7 @@ def _prune(g: Any, root: URL, mode: str, kw: dict[str, Any]) -> PruneResult:
         count("keep_last", keep_last, optional=False)
         flag("unsealed", unsealed)
         flag("dry_run", dry_run)
-        return VerifyOptions(**{k: v for k, v in kw.items() if k not in _PRUNING})
+        return VerifyOptions.of(**{k: v for k, v in kw.items() if k not in _PRUNING})
 
     fs_, root_, checked = _start(g, root, kw.get("storage_options"), kw.get("fs"), mode, make, "prune")
     check_same(

@@ -7,6 +7,7 @@ before anything is read. A flag is a ``bool``, a count an ``int``: ``quick="fals
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -76,7 +77,6 @@ class VerifyOptions:
     Parameters
     ----------
     max_workers: files or chunks read at once (default: the CPU count locally, 16 on object stores).
-    callback: an fsspec ``Callback`` for progress (bytes of content).
     strict: files present but not in the manifest are problems too.
     quick: compare names and sizes with a listing; read no content.
     attested: store checksums equal to the manifest's digests confirm files unread (not with ``quick``).
@@ -86,10 +86,12 @@ class VerifyOptions:
     public_key: ``model.sig`` must verify with this key (PEM path, PEM bytes or a ``cryptography``
         EC key) and cover the manifest's digests.
     expected_name: (with ``public_key``) the name the signature must give the checkpoint.
+
+    A verb's ``callback`` keyword (an fsspec ``Callback``, for progress in bytes of content) is
+    each call's own, not an option of what is checked: :meth:`of` attaches it.
     """
 
     max_workers: int | None = None
-    callback: Any = field(default=None, compare=False)
     strict: bool = False
     quick: bool = False
     attested: bool = False
@@ -97,10 +99,23 @@ class VerifyOptions:
     manifest_format: str = "auto"
     public_key: Any = None
     expected_name: str | None = None
+    callback: Any = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, callback: Any = None, **fields: Any) -> VerifyOptions:
+        """The options of one call: ``fields``, and the call's progress ``callback``."""
+        options = cls(**fields)
+        object.__setattr__(options, "callback", _callback(callback))
+        return options
+
+    def but(self, **changes: Any) -> VerifyOptions:
+        """These options with ``changes`` (the callback kept)."""
+        options = dataclasses.replace(self, **changes)
+        object.__setattr__(options, "callback", self.callback)
+        return options
 
     def __post_init__(self) -> None:
         count("max_workers", self.max_workers)
-        _callback(self.callback)
         for name in ("strict", "quick", "attested"):
             flag(name, getattr(self, name))
         if self.quick and self.attested:
@@ -128,7 +143,7 @@ class SealOptions:
 
     Parameters
     ----------
-    max_workers, callback: as for :class:`VerifyOptions`.
+    max_workers, and the verb's ``callback`` (attached by :meth:`of`): as for :class:`VerifyOptions`.
     algorithm: ``"sha256"`` (default), ``"blake3"``, ``"crc64nvme"`` or ``"crc32c"``
         (``NotImplementedError`` for another, or without its package).
     granularity: ``"file"`` or ``"chunk"``.
@@ -138,16 +153,22 @@ class SealOptions:
     """
 
     max_workers: int | None = None
-    callback: Any = field(default=None, compare=False)
     algorithm: str = "sha256"
     granularity: str = "file"
     chunk_size: int | None = None
     overwrite: bool = False
     private_key: Any = None
+    callback: Any = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, callback: Any = None, **fields: Any) -> SealOptions:
+        """The options of one call: ``fields``, and the call's progress ``callback``."""
+        options = cls(**fields)
+        object.__setattr__(options, "callback", _callback(callback))
+        return options
 
     def __post_init__(self) -> None:
         count("max_workers", self.max_workers)
-        _callback(self.callback)
         flag("overwrite", self.overwrite)
         if self.algorithm not in ALGORITHMS:
             raise NotImplementedError(

@@ -285,7 +285,7 @@ def judge(fs: Any, path: str, options: VerifyOptions) -> Judged:
 
 def _for(options: VerifyOptions, name: str) -> VerifyOptions:
     """The options for the checkpoint ``name``: with a key, its signature must name it (replay)."""
-    return replace(options, expected_name=name) if options.public_key is not None else options
+    return options.but(expected_name=name) if options.public_key is not None else options
 
 
 # ----------------------------------------------------------------------------- the verbs
@@ -326,7 +326,7 @@ def latest_verified(
     with its report; ``None`` when none does. Unsealed, invalid, damaged and changing ones are
     skipped with a WARNING; a storage error is raised (an outage must not roll a run back).
     Always a local call: ``integrity_fs.distributed.latest_verified`` is the collective."""
-    checked = VerifyOptions(**options)
+    checked = VerifyOptions.of(**options)
     fs_, root_ = storage.resolve(root, storage_options, fs)
     return latest(fs_, root_, pattern, checked)
 
@@ -490,7 +490,7 @@ def prune_root(  # noqa: PLR0913  # prune's arguments, and the collective's hook
     for name in order:
         good = len(kept) < keep_last
         j = judge_fn(
-            fs, storage.join(root, name), _for(options if good else replace(options, quick=True, attested=False), name)
+            fs, storage.join(root, name), _for(options if good else options.but(quick=True, attested=False), name)
         )
         judged[name] = j
         if good and j.verdict in GOOD:
@@ -554,7 +554,7 @@ def prune(
     count("keep_last", keep_last, optional=False)
     flag("unsealed", unsealed)
     flag("dry_run", dry_run)
-    checked = VerifyOptions(**options)
+    checked = VerifyOptions.of(**options)
     fs_, root_ = storage.resolve(root, storage_options, fs)
     return prune_root(
         fs_, root_, keep_last=keep_last, pattern=pattern, unsealed=unsealed, dry_run=dry_run, options=checked

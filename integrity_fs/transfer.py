@@ -537,7 +537,7 @@ def upload(
     options are :class:`~integrity_fs.SealOptions`' fields). ``FileExistsError`` when ``url`` is
     sealed (a manifest, or a signature alone), unless ``overwrite=True`` (see the module docstring).
     """
-    checked = SealOptions(**options)
+    checked = SealOptions.of(**options)
     source = _local(src, "src")
     local = storage.resolve(source)[0]
     dst_fs, root = storage.resolve(url, storage_options, fs)

@@ -372,7 +372,7 @@ def verify(
     (``quick``, ``strict``, ``attested``, ``manifest``, ``public_key``, ...). Caching layers in
     ``url`` are looked beneath: the store is verified, never a cache.
     """
-    checked = VerifyOptions(**options)
+    checked = VerifyOptions.of(**options)
     return check(*storage.resolve(url, storage_options, fs), checked)
 
 
@@ -479,7 +479,7 @@ def seal(
     right after the manifest, from the same digests. The options are
     :class:`~integrity_fs.SealOptions`' fields.
     """
-    checked = SealOptions(**options)
+    checked = SealOptions.of(**options)
     return seal_root(*storage.resolve(url, storage_options, fs), checked)
 
 
@@ -500,7 +500,7 @@ def sign(
     before = load_manifest(fs_, root)
     check_signable(before.algorithm)
     key = signing.load_private_key(private_key)
-    check(fs_, root, VerifyOptions(manifest=before, max_workers=max_workers, callback=callback))
+    check(fs_, root, VerifyOptions.of(manifest=before, max_workers=max_workers, callback=callback))
     if load_manifest(fs_, root).to_json() != before.to_json():
         raise FileChangedError(
             f"{storage.describe(fs_, root)}/{MANIFEST_FILENAME} changed while it was verified; not signed",

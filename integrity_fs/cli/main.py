@@ -267,7 +267,7 @@ def call(args: Args, verb: str, url: str, run: Any, **kw: Any) -> Any:
         return getattr(distributed, verb)(url, group=args.group, mode=args.mode, **kw)
     if verb == "status":
         pattern, where = kw.pop("pattern"), storage.resolve(url, kw.pop("storage_options"))
-        return runs.status(*where, pattern, VerifyOptions(**kw))
+        return runs.status(*where, pattern, VerifyOptions.of(**kw))
     return getattr(integrity_fs, verb)(url, **kw)
 
 
