@@ -1,4 +1,4 @@
-"""Kill it anywhere (issue 39): a real training loop, SIGKILLed at random moments, checked after each kill.
+"""Kill it anywhere: a real training loop, SIGKILLed at random moments, checked after each kill.
 
 ``python -m benchmarks --only chaos [--trials N] [--backend local|s3] [--seed S]`` (also
 ``python -m benchmarks.chaos``). A trial is decided by its seed (``--seed S --trials 1`` runs it
@@ -22,7 +22,7 @@ each file operation of rank 0 in turn, the way SQLite's crash tests enumerate cr
    checks again; the loop resumes and runs two more steps (a forced transfer and both prunes at
    least); a fresh process checks again.
 
-The invariants (issue 39):
+The invariants:
 1. once a checkpoint was sealed, one of the run verifies (unless the harness damaged the
    candidates); once the mirror was sealed, a verifying copy of it exists (its destination, or a
    staged copy);
@@ -136,9 +136,6 @@ class Track:
                 ring.append(_text(ek))
         return last[0], last[1], ring, int(total)
 
-    def clear(self) -> None:
-        self.buf[self.off : self.off + self.SIZE] = bytes(self.SIZE)
-
 
 def _text(raw: bytes) -> str:
     return raw.rstrip(b"\0").decode("utf-8", "replace")
@@ -198,7 +195,7 @@ def phase_label(coarse: str, last: str, ring: list[str], remote: bool = False) -
             return "transfer/check" if kind in ("read", "list", "") else "transfer/write"
         # staged (a lease was written): locally two renames, on S3 the old objects deleted and the
         # staged ones copied, until the destination's manifest; then the staging folder goes
-        if kind in ("rename", "swap", "copy") or (remote and "lease" in ring and seals == 1):
+        if kind in ("unlease", "rename", "swap", "copy") or (remote and "lease" in ring and seals == 1):
             return "transfer/swap"
         return "transfer/cleanup"
     if what in ("prune-run", "prune-mirror"):
@@ -521,20 +518,24 @@ def _file_kind(event: str, args: tuple[Any, ...]) -> str:
         return {DELETING: "mark", LEASE: "lease"}.get(base, "write")
     if event == "os.rename":
         dst = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
-        if STAGING in path or STAGING in dst:
-            return "swap"
-        return "manifest" if os.path.basename(dst) == MANIFEST else "rename"
+        if os.path.basename(dst) == MANIFEST:
+            return "manifest"  # an atomic write's last step
+        return "swap" if STAGING in path or STAGING in dst else "rename"
     if event == "os.remove":
-        return "unseal" if base == MANIFEST else "delete"
+        return {MANIFEST: "unseal", LEASE: "unlease"}.get(base, "delete")
     if event == "os.mkdir":
         return "lease" if STAGING in base else "write"
     return "delete"  # os.rmdir, shutil.rmtree
 
 
-def _audit(track: Track, root: str, kill_at: int | None) -> None:
+Point = int | tuple[str, int]  # a kill point: rank 0's file operation number, or the Nth of a kind ("swap", 2)
+
+
+def _audit(track: Track, root: str, kill_at: Point | None) -> None:
     """Note each file operation of this process on the trial's files (an audit hook: it sees what
     the library does from outside, the way ``strace`` would). ``kill_at``: SIGKILL this process
-    just before its operation number ``kill_at`` (a replay of a kill point, exactly)."""
+    just before that operation (a replay of a kill point, exactly)."""
+    kinds: Counter[str] = Counter()
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if event not in _WATCHED or not args:
@@ -545,7 +546,10 @@ def _audit(track: Track, root: str, kill_at: int | None) -> None:
         if not isinstance(path, str) or (os.path.isabs(path) and not path.startswith(root)):
             return
         kind = _file_kind(event, args)
-        if kind and track.note(kind, path) == kill_at:
+        if not kind:
+            return
+        kinds[kind] += 1
+        if track.note(kind, path) == kill_at or (kind, kinds[kind]) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
     sys.addaudithook(hook)
@@ -626,7 +630,9 @@ def loop(trial: Trial, rank: int, world: int, steps: int, *, last_sync: bool) ->
     board.loop_ended(rank)
 
 
-def rank_main(trial: Trial, rank: int, world: int, port: int, steps: int, last_sync: bool, kill_at: int | None) -> None:
+def rank_main(
+    trial: Trial, rank: int, world: int, port: int, steps: int, last_sync: bool, kill_at: Point | None
+) -> None:
     """A forked rank: one torch thread, its own output file, a process group for two ranks."""
     import torch
 
@@ -739,12 +745,12 @@ def run_loop(
     steps: int,
     *,
     kill_after: float | None = None,
-    kill_at_op: int | None = None,
+    kill_at: Point | None = None,
     last_sync: bool = False,
     moto: Track | None = None,
 ) -> Run:
     """The loop in ``world`` forked ranks; SIGKILLed ``kill_after`` seconds after its loop began
-    (or rank 0 just before its file operation ``kill_at_op``, the others with it)."""
+    (or rank 0 just before its file operation ``kill_at``, the others with it)."""
     board = trial.board
     board.clear()
     port = free_port() if world > 1 else 0
@@ -758,12 +764,12 @@ def run_loop(
             port,
             steps,
             last_sync,
-            kill_at_op if r == 0 else None,
+            kill_at if r == 0 else None,
         )
         for r in range(world)
     ]
     deadline = time.monotonic() + TIMEOUT_S
-    if kill_after is None and kill_at_op is None:
+    if kill_after is None and kill_at is None:
         codes = reap(pids, deadline)
         slot = board.get(0)
         return Run([codes[p] for p in pids], duration=slot["end"] - slot["start"] if slot["end"] else 0.0)
@@ -777,9 +783,7 @@ def run_loop(
         while time.monotonic() < deadline and board.get(0)["end"] == 0.0 and not _exited(pids[:1]):
             time.sleep(0.0005)
     slot = board.get(0)
-    if (
-        kill_at_op is not None
-    ):  # rank 0 ended before its loop did: by its own SIGKILL (or a failure, which its code tells)
+    if kill_at is not None:  # rank 0 ended before its loop did: by its own SIGKILL (or a failure, its code tells)
         kill = slot["end"] == 0.0 and _exited(pids[:1])
     else:
         kill = slot["start"] != 0.0 and slot["end"] == 0.0 and not _exited(pids)
@@ -1094,13 +1098,12 @@ class Harness:
         damage_share: float,
         durations: dict[int, float] | None,
         sabotage: int | None = None,
-        kill_at: tuple[float | None, int | None] = (None, None),
+        kill_at: tuple[float | None, Point | None] = (None, None),
     ) -> None:
         self.backend, self.workdir = backend, workdir
         self.dist_share, self.damage_share, self.sabotage = dist_share, damage_share, sabotage
-        self.kill_after, self.kill_at_op = (
-            kill_at  # a replay's kill point: seconds into the loop, or rank 0's file operation
-        )
+        self.kill_after, self.kill_at_op = kill_at  # a replay's kill point: seconds into the loop, or an operation
+        self.kill_before: dict[int | None, tuple[str, int]] = {}  # seed (None: any) -> the Nth operation of a kind
         self.board = Board(2)
         self.endpoint: str | None = None
         self.moto_proc: subprocess.Popen[bytes] | None = None
@@ -1258,14 +1261,11 @@ class Harness:
             torch.save(rec, trial.record_path(prefix))
         if damage and when == "before":
             self._damage(trial, out, rng)
+        point = self.kill_at_op or self.kill_before.get(trial.seed) or self.kill_before.get(None)
         kill_after = (
-            None
-            if self.kill_at_op
-            else self.kill_after
-            if self.kill_after is not None
-            else fraction * self.durations[world]
+            None if point else self.kill_after if self.kill_after is not None else fraction * self.durations[world]
         )
-        run = run_loop(trial, "killed", world, STEPS, kill_after=kill_after, kill_at_op=self.kill_at_op, moto=self.moto)
+        run = run_loop(trial, "killed", world, STEPS, kill_after=kill_after, kill_at=point, moto=self.moto)
         out.killed, out.phase, out.detail, out.at, out.op = (
             run.killed,
             run.phase or "(done before the kill)",
@@ -1405,7 +1405,8 @@ def report(
     lines = [
         f"## chaos ({backend}): {n} trials, {which}, {sum(o.world == 2 for o in outcomes)} with 2 gloo ranks",
         "",
-        f"The killed loop ({STEPS} saves, {STEPS // EVERY} transfers), its duration measured never killed: {loops}.",
+        f"The killed loop: {STEPS} saves, {STEPS // EVERY} transfers; its duration (measured, never killed): "
+        f"{loops or 'not measured, the kill points given'}.",
         f"Time: {seconds:.0f} s in all, {sum(o.seconds for o in outcomes) / max(n, 1):.2f} s a trial.",
         "",
         "| phase killed (rank 0) | kills |",
@@ -1481,7 +1482,7 @@ def warm(backend: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks --only chaos",
-        description="Kill a training loop anywhere; check the invariants of issue 39 after each kill.",
+        description="Kill a training loop anywhere; check the invariants after each kill.",
     )
     parser.add_argument("--only", action="append", help=argparse.SUPPRESS)  # as python -m benchmarks --only chaos
     parser.add_argument("--trials", type=int, default=200, help="default %(default)s")
@@ -1509,6 +1510,14 @@ def main(argv: list[str] | None = None) -> int:
         help="local: kill rank 0 just before its file operation N (a report's exact kill point)",
     )
     parser.add_argument(
+        "--kill-before",
+        action="append",
+        default=[],
+        metavar="[SEED=]KIND:N",
+        help="local: kill rank 0 just before its Nth file operation of KIND (write, manifest, mark, lease, unlease, "
+        "swap, rename, delete, unseal, read), in every trial or in the trial of SEED (repeatable)",
+    )
+    parser.add_argument(
         "--every-op",
         action="store_true",
         help="local: the trial of --seed once per file operation of rank 0, killed just before it (up to --trials)",
@@ -1526,8 +1535,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.only and set(args.only) != {"chaos"}:
         parser.error("only the chaos section runs here")
-    if (args.kill_at_op is not None or args.every_op) and args.backend != "local":
-        parser.error("--kill-at-op and --every-op count local file operations: --backend local")
+    if (args.kill_at_op is not None or args.every_op or args.kill_before) and args.backend != "local":
+        parser.error("--kill-at-op, --kill-before and --every-op count local file operations: --backend local")
+    kill_before: dict[int | None, tuple[str, int]] = {}
+    for spec in args.kill_before:
+        seed, _, point = spec.rpartition("=")
+        kind, _, nth = point.partition(":")
+        kill_before[int(seed) if seed else None] = (kind, int(nth or 1))
     if args.every_op and args.seed is None:
         parser.error("--every-op tries every kill point of one trial: give its --seed")
     base = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
@@ -1536,7 +1550,7 @@ def main(argv: list[str] | None = None) -> int:
     durations = (
         {int(k): float(v) for k, v in (p.split("=") for p in args.durations.split(","))} if args.durations else None
     )
-    if args.kill_after is not None or args.kill_at_op is not None or args.every_op:
+    if args.kill_after is not None or args.kill_at_op is not None or args.every_op or None in kill_before:
         durations = {w: 0.0 for w in worlds}  # the kill point is given: nothing to measure
     workdir = args.dir or tempfile.mkdtemp(prefix="integrity-chaos-")
     os.makedirs(workdir, exist_ok=True)
@@ -1552,6 +1566,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sabotage,
         (args.kill_after, args.kill_at_op),
     )
+    harness.kill_before = kill_before
     started = time.monotonic()
     outcomes: list[Outcome] = []
     try:
@@ -1577,7 +1592,7 @@ def main(argv: list[str] | None = None) -> int:
                 break  # the loop ended before this operation: every one was tried
     finally:
         harness.close()
-    measured = harness.measured or {w: [d] for w, d in harness.durations.items()}
+    measured = harness.measured or {w: [d] for w, d in harness.durations.items() if d}
     text, violations = report(args.backend, outcomes, measured, time.monotonic() - started, base, args.every_op)
     print(text, flush=True)
     if not violations and not args.keep and args.dir is None:

@@ -4,7 +4,9 @@ invariants checked by a fresh process after each kill. The full runs are
 ``python -m benchmarks --only chaos --trials 1000`` and ``--backend s3``. Here one run of five
 trials (one harness start: its imports are most of the time), seeds 43 to 47: two with 2 ranks,
 damage before one kill and after another; in trial 44 the harness plants a lie in its own record
-of a saved step, which its checks must catch while the other trials stay clean."""
+of a saved step, which its checks must catch while the other trials stay clean; trial 47 is killed
+at a chosen point, not a random moment: between the two renames of a forced upload's swap, where
+the destination is gone and only the two staged copies are whole (the next prune must keep them)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parent.parent
 SEEDS = range(43, 48)
 LIE = 44  # one rank, three steps before the kill, no damage: the record of step 3 is altered
+SWAP = 47  # one rank, two steps (and a sealed mirror) before the kill, no damage
 # Fixed kill times (seconds into the loop per world size): no calibration, the same kill times on every run.
 DURATIONS = "1=0.4,2=0.6"
 
@@ -27,7 +30,8 @@ DURATIONS = "1=0.4,2=0.6"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    argv = ["--trials", str(len(SEEDS)), "--seed", str(SEEDS[0]), "--durations", DURATIONS, "--sabotage", str(LIE)]
+    argv = ["--trials", str(len(SEEDS)), "--seed", str(SEEDS[0]), "--durations", DURATIONS, "--verbose"]
+    argv += ["--sabotage", str(LIE), "--kill-before", f"{SWAP}=swap:2"]
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.chaos", *argv, "--dir", str(tmp_path_factory.mktemp("chaos"))],
         cwd=REPO,
@@ -58,7 +62,13 @@ def test_killed_and_damaged_training_runs_keep_every_invariant(run: subprocess.C
     assert "| 5. nothing hangs | 0 |" in run.stdout
 
 
+def test_a_kill_inside_a_forced_uploads_swap_loses_no_copy(run: subprocess.CompletedProcess[str]) -> None:
+    line = next(line for line in run.stderr.splitlines() if f" seed {SWAP}: " in line)
+    assert f"seed {SWAP}: 1r, transfer/swap at " in line and ".integrity-fs-staging-" in line, line
+    assert SWAP not in violations(run)
+
+
 def test_the_checks_catch_tensors_other_than_those_saved(run: subprocess.CompletedProcess[str]) -> None:
     found = violations(run)[LIE]
-    assert any(v.startswith("[2]") and "tensors other than those saved at step 3" in v for v in found), found
+    assert any(v.startswith("[2]") and "step 3" in v and "tensors other than those saved at" in v for v in found), found
     assert run.returncode == 1
