@@ -1,4 +1,4 @@
-"""The crash-and-damage harness of issue 39 (benchmarks/chaos.py), short: a real training loop in
+"""The crash-and-damage harness (benchmarks/chaos.py), short: a real training loop in
 forked children (one or two gloo ranks) SIGKILLed at random moments, damage injected, and the
 invariants checked by a fresh process after each kill. The full runs are
 ``python -m benchmarks --only chaos --trials 1000`` and ``--backend s3``. Here one run of five
@@ -10,12 +10,11 @@ the destination is gone and only the two staged copies are whole (the next prune
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import fork_server
 import pytest
 
 pytest.importorskip("torch")
@@ -29,17 +28,13 @@ DURATIONS = "1=0.4,2=0.6"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    """``python -m benchmarks.chaos ARGS``, forked from a warm interpreter (tests/fork_server.py)."""
     argv = ["--trials", str(len(SEEDS)), "--seed", str(SEEDS[0]), "--durations", DURATIONS, "--verbose"]
-    argv += ["--sabotage", str(LIE), "--kill-before", f"{SWAP}=swap:2"]
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", *argv, "--dir", str(tmp_path_factory.mktemp("chaos"))],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv += ["--sabotage", str(LIE), "--kill-before", f"{SWAP}=swap:2", "--dir", str(tmp_path_factory.mktemp("chaos"))]
+    script = tmp_path_factory.mktemp("chaos-main") / "chaos_main.py"
+    main = "runpy.run_module('benchmarks.chaos', run_name='__main__')"
+    script.write_text(f"import runpy, sys\nsys.path.insert(0, {str(REPO)!r})\n{main}\n")
+    return fork_server.run([script, *argv], cwd=REPO, timeout=120)
 
 
 def violations(run: subprocess.CompletedProcess[str]) -> dict[int, list[str]]:

@@ -5,21 +5,20 @@ read what is seen from outside: each rank's ``rchar`` (/proc/self/io) while its 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fork_server
 import fsspec
 import pytest
-from conftest import BUCKET
+from conftest import BUCKET, free_port
 
 import integrity_fs
 from integrity_fs import MANIFEST_FILENAME
@@ -69,14 +68,46 @@ class Outcome:
     ranks: list[dict[str, Any]]
 
 
+def forked_ranks(script: str, n: int, env: dict[str, str], *, timeout: float = 60) -> list[fork_server.Forked]:
+    """``n`` ranks of ``tests/<script>`` with the environment torchrun gives each rank (RANK,
+    WORLD_SIZE, MASTER_ADDR, ...), forked from a warm interpreter rather than started by torchrun
+    (a second each saved: the real torchrun launch of ``seal`` covers torchrun itself); each must
+    exit 0 within ``timeout`` seconds, or the test fails (a hang)."""
+    port = str(free_port())
+    world = {"WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    base = {
+        **os.environ,
+        **env,
+        **world,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    procs = [
+        fork_server.start([TESTS / script], cwd=os.getcwd(), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
+        for r in range(n)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    except Exception:
+        pytest.fail(f"the ranks did not finish within {timeout} s (a hang)")
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    return procs
+
+
 def launch_commands(record: Path, commands: dict[str, dict[str, Any]]) -> dict[str, Outcome]:
-    """One torchrun launch of 2 ranks that runs each command in turn in a process group joined
-    once (a launch costs seconds: the commands share one); name -> its outcome."""
-    record.mkdir(parents=True, exist_ok=True)
+    """One launch of 2 ranks that runs each command in turn in a process group joined once (a
+    launch costs seconds: the commands share one); name -> its outcome."""
+    shutil.rmtree(record, ignore_errors=True)
+    record.mkdir(parents=True)
     todo = record.parent / f"{record.name}.json"
     todo.write_text(json.dumps(commands))
-    proc = _launch(record, [], {"COMMANDS": str(todo)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    forked_ranks("launch_cli.py", 2, {"COMMANDS": str(todo), "RECORD_DIR": str(record)}, timeout=180)
     by_rank = [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
     return {
         name: Outcome(
@@ -255,41 +286,20 @@ def test_status_full_under_torchrun_shares_the_hashing_and_prints_once(launched:
 
 
 def launch_ranks(workdir: Path, argvs: list[list[str]]) -> list[dict[str, Any]]:
-    """``integrity-fs`` on real gloo ranks started by torchrun, rank r running ``argvs[r]``
-    (tests/launch_cli_ranks.py); returns what each rank recorded (exit code, stdout, stderr).
-    A hang fails the test after 30 s (torchrun and the ranks it started are killed)."""
+    """``integrity-fs`` on real gloo ranks, rank r running ``argvs[r]`` and joining the process
+    group itself (tests/launch_cli_ranks.py); returns what each rank recorded (exit code, stdout,
+    stderr). A hang fails the test after 30 s."""
     record = workdir / "record"
     record.mkdir(parents=True)
     (workdir / "argv.json").write_text(json.dumps(argvs))
-    env = {
-        **os.environ,
-        "ARGV_FILE": str(workdir / "argv.json"),
-        "RECORD_DIR": str(record),
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    log = workdir / "torchrun.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            [TORCHRUN, "--standalone", "--nproc-per-node", str(len(argvs)), str(TESTS / "launch_cli_ranks.py")],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            for pid_file in record.glob("pid*"):  # each rank runs in a session of its own
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            pytest.fail(f"the ranks did not finish within 30 s (a hang):\n{log.read_text()[-4000:]}")
+    forked_ranks(
+        "launch_cli_ranks.py",
+        len(argvs),
+        {"ARGV_FILE": str(workdir / "argv.json"), "RECORD_DIR": str(record)},
+        timeout=30,
+    )
     missing = [r for r in range(len(argvs)) if not (record / f"rank{r}.json").exists()]
-    assert not missing, f"ranks {missing} died without an exit code:\n{log.read_text()[-4000:]}"
+    assert not missing, f"ranks {missing} died without an exit code"
     return [json.loads((record / f"rank{r}.json").read_text()) for r in range(len(argvs))]
 
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import integrity_fs as ifs
 
 #: Per backend: the local disk answers in microseconds, moto in milliseconds per ranged read.
-EXAMPLES = {"local": 60, "s3": 25}
+EXAMPLES = {"local": 60, "s3": 15}
 #: Files of each shape: (name, size, granularity, chunk size).
 FILES = [
     ("c4k.bin", 10 * 4096 + 123, "chunk", 4096),  # eleven chunks, the last one short

@@ -13,9 +13,6 @@ import integrity_fs as ifs
 from integrity_fs import IntegrityError
 
 
-# --- 21: the safetensors loader accepts and refuses what safetensors does --------------------------
-
-
 def _safetensors_file(header: bytes, data: bytes = b"") -> bytes:
     return struct.pack("<Q", len(header)) + header + data
 
