@@ -76,7 +76,7 @@ class _HashingStream(io.RawIOBase):
         return len(view)
 
     def tell(self) -> int:
-        return self._writer.digest.size
+        return self._writer.size
 
     def fileno(self) -> int:
         stream = self._writer._stream
@@ -132,7 +132,7 @@ class _HashingFileSystem(FileSystem):
             if tree is not None:
                 tree.close()
         with self._lock:
-            self.written[name] = (writer.digest.size, digests)
+            self.written[name] = (writer.size, digests)
 
     def result(self) -> dict[str, tuple[int, tuple[str, ...]]]:
         """What this rank wrote, or the first failure of any of its writes (on whichever thread)."""

@@ -85,7 +85,9 @@ class Manifest:
 
     def __post_init__(self) -> None:
         def frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
-            return MappingProxyType(dict(sorted(mapping.items())))
+            keys = list(mapping)
+            ordered = sorted(keys)  # keys alone: as written, they are sorted already
+            return MappingProxyType(dict(mapping) if keys == ordered else {k: mapping[k] for k in ordered})
 
         object.__setattr__(self, "files", frozen(self.files))
         if self.sizes is not None:
@@ -165,15 +167,19 @@ class Manifest:
             if not isinstance(digest, str) or len(digest) != length or not _HEX.fullmatch(digest):
                 raise ManifestError(f"{where}: {digest!r} is not a {self.algorithm} digest ({length} lowercase hex)")
 
-        for name, digest in self.files.items():
-            check_name(name)
-            check_digest(f"digest of {name!r}", digest)
+        names, values = list(self.files), list(self.files.values())
+        well_formed = all(type(n) is str and n for n in names) and not any(map(_BAD_NAME.search, names))
+        hex_digests = all(type(d) is str and len(d) == length for d in values) and _HEX.fullmatch("".join(values))
+        if not (well_formed and hex_digests and MANIFEST_FILENAME not in self.files):  # one by one, to say which
+            for name, digest in self.files.items():
+                check_name(name)
+                check_digest(f"digest of {name!r}", digest)
         if self.sizes is not None:
             if self.sizes.keys() != self.files.keys():
                 raise ManifestError("'sizes' must name exactly the files of 'files'")
-            for name, size in self.sizes.items():
-                if not _integer(size) or size < 0:
-                    raise ManifestError(f"size of {name!r} must be a non-negative integer, not {size!r}")
+            if not all(type(size) is int and size >= 0 for size in self.sizes.values()):
+                name, size = next((n, v) for n, v in self.sizes.items() if not _integer(v) or v < 0)
+                raise ManifestError(f"size of {name!r} must be a non-negative integer, not {size!r}")
         if self.granularity == "file":
             if self.chunks is not None or self.chunk_size is not None:
                 raise ManifestError("'chunks' and 'chunk_size' belong only to chunk granularity")

@@ -17,7 +17,9 @@ unit at a time.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import mmap
 import operator
 import os
 import tempfile
@@ -36,6 +38,7 @@ __all__ = ["VerifiedFile", "open"]
 
 #: The largest file-granularity file held whole; larger ones are spooled.
 WHOLE_FILE_LIMIT = hashing.DEFAULT_CHUNK_SIZE
+_MAPPED = 1024 * 1024  # units at least this large get an anonymous mapping
 _HELD = 3  # the unit being read, the end of a region looked at first (torch.load's zip), one read ahead
 
 
@@ -91,8 +94,10 @@ class VerifiedFile(io.RawIOBase):
             self._unit, self._digests = chunk, manifest.chunks[name]
         self._chunked = chunk is not None
         self._lock = threading.RLock()
-        self._held: dict[int, Future[bytearray]] = {}
+        self._held: dict[int, Future[Any]] = {}
         self._stops: dict[int, threading.Event] = {}
+        self._free: list[Any] = []  # buffers of dropped units, to be filled again
+        self._last_end = 0  # where the last read ended: a read that goes on from there reads ahead
         self._closing = threading.Event()
         self._serial = storage.under_cache(fs) is not fs
         self._pool: ThreadPoolExecutor | None = None
@@ -141,6 +146,7 @@ class VerifiedFile(io.RawIOBase):
                     n = self._read_unit_into(view[done:])
                 self._position += n
                 done += n
+            self._last_end = self._position
             return done
 
     def _read_unit_into(self, view: memoryview) -> int:
@@ -148,7 +154,7 @@ class VerifiedFile(io.RawIOBase):
         start, end = hashing.chunk_range(self.size, self._unit, index)
         if self._position == start and len(view) >= end - start and index not in self._held:
             return self._read_whole_units_into(view, index)
-        data = self._verified(index)
+        data = self._verified(index, sequential=self._position in (self._last_end, start))
         n = min(len(view), end - self._position)
         view[:n] = memoryview(data)[self._position - start : self._position - start + n]
         return n
@@ -229,27 +235,38 @@ class VerifiedFile(io.RawIOBase):
         start, end = hashing.chunk_range(self.size, self._unit, index)
         self.bytes_verified += end - start
 
-    def _load(self, index: int, stop: threading.Event) -> bytearray:
-        """Unit ``index`` read into a new buffer, hashed, compared: never written to again."""
+    def _buffer(self, index: int) -> Any:
+        """A buffer for unit ``index``: a dropped unit's (units never leave this object: every read
+        copies out of them under its lock, so no one still looks at a dropped one), else a new one
+        (an anonymous mapping for a large unit: its pages are zeroed as the read first fills them)."""
         start, end = hashing.chunk_range(self.size, self._unit, index)
-        data = bytearray(end - start)
-        self._check(index, self._hash(start, memoryview(data), stop))
-        return data
+        for i, free in enumerate(self._free):
+            if len(free) == end - start:
+                return self._free.pop(i)
+        return mmap.mmap(-1, end - start) if end - start >= _MAPPED else bytearray(end - start)
 
-    def _verified(self, index: int) -> bytearray:
-        """Unit ``index``'s verified bytes: held, being read ahead, or read now (the next one sent
-        ahead first, so that both are hashed at once)."""
+    def _load(self, index: int, buffer: Any, stop: threading.Event) -> Any:
+        """Unit ``index`` read into ``buffer``, hashed, compared: not written to again while held."""
+        start, _ = hashing.chunk_range(self.size, self._unit, index)
+        self._check(index, self._hash(start, memoryview(buffer), stop))
+        return buffer
+
+    def _verified(self, index: int, *, sequential: bool) -> Any:
+        """Unit ``index``'s verified bytes: held, being read ahead, or read now. A read that goes
+        on from where the last one ended sends the next unit ahead (so both are hashed at once)."""
         future = self._held.get(index)
         if future is None:
             self._room(index, ahead=False)
             future = self._held[index] = Future()
             self._stops[index] = threading.Event()
-            self._ahead(index + 1, index)
+            buffer = self._buffer(index)
+            if sequential:
+                self._ahead(index + 1, index)
             try:
-                future.set_result(self._load(index, self._stops[index]))
+                future.set_result(self._load(index, buffer, self._stops[index]))
             except BaseException as exc:
                 future.set_exception(exc)
-        else:
+        elif sequential:
             self._ahead(index + 1, index)
         try:
             return future.result()
@@ -261,20 +278,27 @@ class VerifiedFile(io.RawIOBase):
             raise
 
     def _room(self, current: int, *, ahead: bool) -> bool:
-        """Room for one more unit while ``current`` is read: a read-ahead takes only a free place;
-        a unit asked for drops units behind it first (lowest first), then the one furthest ahead."""
+        """Room for one more unit while ``current`` is read: units behind it that are done go first
+        (lowest first); a unit asked for then takes the place of one being read behind it, or of
+        the one furthest ahead; a read-ahead never takes a unit's place ahead of ``current``."""
         while len(self._held) >= _HELD:
-            if ahead:
+            behind = sorted(i for i in self._held if i < current)
+            done = [i for i in behind if self._held[i].done()]
+            if done or (behind and not ahead):
+                self._drop((done or behind)[0])
+            elif ahead:
                 return False
-            behind = [i for i in self._held if i < current]
-            self._drop(min(behind) if behind else max(self._held))
+            else:
+                self._drop(max(self._held))
         return True
 
     def _drop(self, index: int) -> None:
-        self._held.pop(index, None)
+        future = self._held.pop(index, None)
         stop = self._stops.pop(index, None)
         if stop is not None:
             stop.set()
+        if future is not None and future.done() and future.exception() is None and len(self._free) < _HELD:
+            self._free.append(future.result())
 
     def _ahead(self, index: int, current: int) -> None:
         """Read unit ``index`` on a helper thread, if it is not held, there is room, and reads are not serial."""
@@ -282,13 +306,14 @@ class VerifiedFile(io.RawIOBase):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="integrity_fs-read")
-        future: Future[bytearray] = Future()
+        future: Future[Any] = Future()
         stop = self._stops[index] = threading.Event()
         self._held[index] = future
+        buffer = self._buffer(index)
 
         def run() -> None:
             try:
-                future.set_result(self._load(index, stop))
+                future.set_result(self._load(index, buffer, stop))
             except BaseException as exc:
                 future.set_exception(exc)
 
@@ -308,12 +333,14 @@ class VerifiedFile(io.RawIOBase):
                 raise error from exc
             try:
                 hasher = hashing.new_hasher(self._algorithm)
-                for piece in storage.read_blocks(
+                pieces = storage.read_blocks(
                     self._fs, self._path, 0, self.size, version=self._version, stop=self._closing
-                ):
-                    hasher.update(piece)
-                    while piece:  # a short write (a full disk) must never leave a hole in what is served
-                        piece = piece[os.write(fd, piece) :]
+                )
+                with contextlib.closing(pieces):
+                    for piece in pieces:
+                        hasher.update(piece)
+                        while piece:  # a short write (a full disk) must never leave a hole in what is served
+                            piece = piece[os.write(fd, piece) :]
                 self._check(0, hasher.hexdigest())
             except storage.Cancelled:
                 os.close(fd)

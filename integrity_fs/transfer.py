@@ -112,12 +112,14 @@ def _stream(  # noqa: PLR0913  # a copy's two sides, its hashing, and each call'
             writer = storage.Writer(dst[0], path, algorithm, chunk_size, tree=tree, rel=name, size=listing[name].size)
         try:
             source = storage.join(src[1], name)
-            for piece in storage.read_blocks(
+            pieces = storage.read_blocks(
                 src[0], source, 0, listing[name].size, version=listing[name].version, stop=stop
-            ):
-                with _writing(dst[0], path):
-                    writer.write(piece)
-                progress(len(piece))
+            )
+            with contextlib.closing(pieces):  # a stream of the store let go at once, whatever happens
+                for piece in pieces:
+                    with _writing(dst[0], path):
+                        writer.write(piece)
+                    progress(len(piece))
             with _writing(dst[0], path):
                 return writer.close()
         except BaseException:

@@ -152,7 +152,7 @@ def list_files(fs: Any, root: str, meta: dict[str, Stat] | None = None) -> dict[
                 meta[name] = _remote_stat(fs, info)
         else:
             out[name] = _remote_stat(fs, info)
-    return dict(sorted(out.items()))
+    return {name: out[name] for name in sorted(out)}
 
 
 def _list_local(root: str, meta: dict[str, Stat] | None) -> dict[str, Stat]:
@@ -200,7 +200,7 @@ def _list_local(root: str, meta: dict[str, Stat] | None) -> dict[str, Stat]:
                 log.warning("skipping %s: not a regular file (never opened)", printable(name))
                 continue
             out[name] = Stat(st.st_size, identity(st), st.st_mtime)
-    return dict(sorted(out.items()))
+    return {name: out[name] for name in sorted(out)}
 
 
 def check_root_local(root: str) -> None:

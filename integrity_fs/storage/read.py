@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import os
 import stat
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from typing import Any, TypeVar
 
 from fsspec.asyn import AsyncFileSystem
@@ -106,20 +107,48 @@ def _changed(fs: Any, path: str, why: str) -> FileChangedError:
     return FileChangedError(f"{describe(fs, path)} changed while it was read ({why})", (path,))
 
 
-async def _s3_get(fs: Any, path: str, start: int, end: int, etag: str | None) -> bytes:
-    from s3fs.core import _error_wrapper
-
+async def _s3_open(fs: Any, path: str, start: int, end: int, etag: str | None) -> Any:
+    """The body of one ranged GET of ``[start, end)``, pinned to ``etag`` (the request retried by s3fs)."""
     bucket, key = s3_key(fs, path)
     pin = {"IfMatch": etag} if etag else {}
+    out = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin)
+    return out["Body"]
 
-    async def once() -> bytes:
-        out = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin)
-        try:
-            return bytes(await out["Body"].read())
-        finally:
-            out["Body"].close()
 
-    return bytes(await _error_wrapper(once, retries=2))  # the request is retried by s3fs; a body cut short, once
+async def _take(body: Any, n: int) -> bytes:
+    """``n`` bytes of a streamed body, fewer only where it ends."""
+    parts, got = [], 0
+    while got < n:
+        part = await body.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _close(body: Any) -> None:
+    body.close()
+
+
+def _s3_blocks(
+    fs: Any, path: str, offset: int, length: int, pin: str | None, stop: Any
+) -> Generator[bytes, None, None]:
+    """``[offset, offset + length)`` of an S3 object, from one ranged GET streamed in pieces."""
+    if not length:
+        return
+    body = on_loop(fs, _s3_open(fs, path, offset, offset + length, pin), stop)
+    try:
+        done = 0
+        while done < length:
+            data = on_loop(fs, _take(body, min(4 * BLOCK, length - done)), stop)
+            if not data:
+                return
+            yield data
+            done += len(data)
+    finally:
+        with contextlib.suppress(Exception):
+            on_loop(fs, _close(body), None)
 
 
 async def _gcs_get(fs: Any, path: str, start: int, end: int, generation: str | None) -> bytes:
@@ -137,7 +166,7 @@ def read_blocks(
     version: str | int | None,
     stop: threading.Event | None = None,
     into: memoryview | None = None,
-) -> Iterator[memoryview]:
+) -> Generator[memoryview, None, None]:
     """The bytes ``[offset, offset + length)`` of ``path``, in pieces, pinned to ``version`` (``None``:
     nothing to pin to, a read through a cache; the bytes are hashed as served). ``into`` (writable,
     ``length`` bytes) receives them in place; otherwise a piece is valid until the next one."""
@@ -149,39 +178,49 @@ def read_blocks(
         pin = None  # nothing the store could match: checked by size after the read instead
     size = REMOTE_BLOCK
     done = 0
-    with storage_errors(f"reading {describe(fs, path)}"):
-        while done < length:
-            if stop is not None and stop.is_set():
-                raise Cancelled("stopped")
-            start, end = offset + done, offset + min(length, done + size)
-            try:
-                if is_s3(fs):
-                    data = on_loop(fs, _s3_get(fs, path, start, end, pin), stop)
-                elif is_gcs(fs):
-                    data = on_loop(fs, _gcs_get(fs, path, start, end, pin), stop)
-                elif isinstance(fs, AsyncFileSystem) and fs.async_impl:  # not a cache (it passes attributes on)
-                    data = bytes(on_loop(fs, fs._cat_file(path, start=start, end=end), stop))  # a stall is cancelled
+    streamed: Generator[bytes, None, None] | None = (
+        _s3_blocks(fs, path, offset, length, pin, stop) if is_s3(fs) else None
+    )
+    try:
+        with storage_errors(f"reading {describe(fs, path)}"):
+            while done < length:
+                if stop is not None and stop.is_set():
+                    raise Cancelled("stopped")
+                start, end = offset + done, offset + min(length, done + size)
+                try:
+                    if streamed is not None:
+                        data = next(streamed, b"")
+                        end = start + len(data) if data else end  # pieces as they arrive; none: cut short
+                    elif is_gcs(fs):
+                        data = on_loop(fs, _gcs_get(fs, path, start, end, pin), stop)
+                    elif isinstance(fs, AsyncFileSystem) and fs.async_impl:  # not a cache (it passes attributes on)
+                        data = bytes(
+                            on_loop(fs, fs._cat_file(path, start=start, end=end), stop)
+                        )  # a stall is cancelled
+                    else:
+                        data = bytes(fs.cat_file(path, start=start, end=end))
+                except FileNotFoundError as exc:
+                    raise _changed(fs, path, "it is gone") from exc
+                except OSError as exc:
+                    if pin and precondition_failed(exc):
+                        raise _changed(fs, path, f"the store holds another version than {pin}") from exc
+                    raise
+                if len(data) != end - start:
+                    raise _changed(fs, path, f"{len(data)} bytes at {start} where the listing promised {end - start}")
+                if into is not None:
+                    into[done : done + len(data)] = data
+                    yield into[done : done + len(data)]
                 else:
-                    data = bytes(fs.cat_file(path, start=start, end=end))
-            except FileNotFoundError as exc:
-                raise _changed(fs, path, "it is gone") from exc
-            except OSError as exc:
-                if pin and precondition_failed(exc):
-                    raise _changed(fs, path, f"the store holds another version than {pin}") from exc
-                raise
-            if len(data) != end - start:
-                raise _changed(fs, path, f"{len(data)} bytes at {start} where the listing promised {end - start}")
-            if into is not None:
-                into[done : done + len(data)] = data
-                yield into[done : done + len(data)]
-            else:
-                yield memoryview(data)
-            done += len(data)
-        if pin and not is_s3(fs) and not is_gcs(fs):  # pinned by the store itself on S3 and GCS
-            forget(fs, path)
-            now = _remote_stat(fs, fs.info(path)).version
-            if now != version:
-                raise _changed(fs, path, f"listed as {version}, now {now}")
+                    yield memoryview(data)
+                done += len(data)
+            if pin and not is_s3(fs) and not is_gcs(fs):  # pinned by the store itself on S3 and GCS
+                forget(fs, path)
+                now = _remote_stat(fs, fs.info(path)).version
+                if now != version:
+                    raise _changed(fs, path, f"listed as {version}, now {now}")
+    finally:  # the store's stream let go at once, also when the reader stops part-way
+        if streamed is not None:
+            streamed.close()
 
 
 def _local_blocks(
@@ -242,8 +281,9 @@ def hash_range(  # noqa: PLR0913  # where, what, how: each read's own
 ) -> str:
     """The digest of ``[offset, offset + length)`` of ``path``, read once by :func:`read_blocks`."""
     hasher = new_hasher(algorithm)
-    for piece in read_blocks(fs, path, offset, length, version=version, stop=stop, into=into):
-        hasher.update(piece)
-        if progress is not None:
-            progress(len(piece))
+    with contextlib.closing(read_blocks(fs, path, offset, length, version=version, stop=stop, into=into)) as pieces:
+        for piece in pieces:
+            hasher.update(piece)
+            if progress is not None:
+                progress(len(piece))
     return hasher.hexdigest()

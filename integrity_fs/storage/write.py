@@ -192,6 +192,7 @@ class Writer:
         size: int | None = None,
     ) -> None:
         self.fs, self.path, self._tree, self._rel = fs, path, tree, rel
+        self.size = 0
         self.digest = StreamDigest(algorithm, chunk_size)
         self._part = s3.layout(fs, algorithm, chunk_size, size) if is_s3(fs) else None
         self._upload = s3.Upload(fs, path, algorithm) if self._part is not None else None
@@ -212,6 +213,7 @@ class Writer:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.digest.update(data)
+        self.size += len(memoryview(data).cast("B"))
         if self._stream is not None:
             with storage_errors(f"writing {describe(self.fs, self.path)}"):
                 self._stream.write(data)
@@ -225,14 +227,15 @@ class Writer:
             self._buffer = bytearray()
             return
         aligned = self._part == self.digest.chunk_size  # a part is a whole chunk: its digest is done
-        while self._part and len(self._buffer) >= self._part:
+        while self._part and len(self._buffer) > self._part:  # a file of one part goes in one PUT
             digest = self.digest.done[len(self._upload._parts)] if aligned else None  # None: a CRC part, computed there
-            self._upload.part(bytes(self._buffer[: self._part]), digest)
+            self._upload.part(bytes(memoryview(self._buffer)[: self._part]), digest)
             del self._buffer[: self._part]
 
     def close(self) -> tuple[str, ...]:
         """Commit the file; its unit digests."""
-        digests = self.digest.digests()
+        digest = self.digest
+        digests = digest.digests()
         if self._stream is not None:
             with storage_errors(f"writing {describe(self.fs, self.path)}"):
                 if is_local(self.fs):
@@ -241,7 +244,7 @@ class Writer:
                 self._stream.close()
         else:
             assert self._upload is not None
-            last = digests[-1] if self.digest.algorithm == "sha256" else self.digest.file_digest()
+            last = digests[-1] if digest.algorithm == "sha256" else digest.file_digest()
             self._upload.finish(bytes(self._buffer), last)
             self._buffer = bytearray()
         return digests
