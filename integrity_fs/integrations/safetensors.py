@@ -11,6 +11,7 @@ Needs torch and safetensors (extra ``hf``).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import tempfile
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,6 @@ __all__ = ["load_state_dict"]
 
 _WEIGHTS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
-_PIECE = 16 << 20  # bytes copied at once, unless whole chunks are more (then read in place: one copy less)
 
 
 def load_state_dict(
@@ -60,8 +60,7 @@ def load_state_dict(
     def load(name: str) -> Any:
         with open_verified(url, name, manifest=manifest, public_key=public_key, **where) as f:
             if name != _INDEX:
-                chunk = manifest.chunk_size if manifest is not None else None
-                return _tensors(f, f"{name} in {url}", max(_PIECE, chunk or 0))
+                return _tensors(f, f"{name} in {url}")
             try:
                 return json.loads(f.read())
             except ValueError as exc:
@@ -93,16 +92,17 @@ def load_state_dict(
     return state
 
 
-def _tensors(f: Any, where: str, piece_size: int) -> dict[str, torch.Tensor]:
+def _tensors(f: Any, where: str) -> dict[str, torch.Tensor]:
     """The tensors of one file, copied whole from ``f`` into a private file (in memory where the
     system has ``memfd_create``) that safetensors then opens, as ``load_file`` opens the file it is
     given: the tensors map the private file, which nothing else can reach."""
     memfd = getattr(os, "memfd_create", None)
     with open(memfd("integrity-fs-safetensors"), "w+b") if memfd else tempfile.TemporaryFile() as private:
-        piece = bytearray(piece_size)  # one buffer for every piece: no new memory to fault in
-        while n := f.readinto(piece):
-            private.write(memoryview(piece)[:n])
-        private.flush()
+        private.truncate(f.size)
+        if f.size:  # read in place into the private file's pages, which the tensors then map
+            pages = mmap.mmap(private.fileno(), f.size)
+            f.readinto(pages)  # whole chunks are read and hashed in place, two at a time
+            pages.close()  # not on a failure: the traceback may still hold views of it (freed with them)
         try:
             with safetensors.safe_open(f"/dev/fd/{private.fileno()}", framework="pt") as opened:
                 return opened.get_tensors()  # type: ignore[no-any-return]
