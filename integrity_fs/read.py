@@ -5,7 +5,7 @@ pinned reader into a new ``bytes`` object, hashed, and compared with the manifes
 it kept, and only kept units are served. A kept unit is never written to again: whatever happens
 meanwhile (read-ahead, a seek back, another thread, ``close``), bytes served are bytes that
 verified. At most three units are kept; when a file is read in order, the next unit is read
-ahead on a helper thread. ``readinto`` of a buffer that covers whole units reads them into the
+ahead on a helper thread, and a reader that has to wait for it reads the one after meanwhile. ``readinto`` of a buffer that covers whole units reads them into the
 buffer itself and hashes them there; it returns only once every one of them matched (on a
 failure it raises, and the buffer's content is undefined, as after any failed read).
 
@@ -268,6 +268,8 @@ class VerifiedFile(io.RawIOBase):
                 future.set_exception(exc)
         elif sequential:
             self._ahead(index + 1, index)
+        if not future.done():  # waiting for the helper: read the unit after it here meanwhile
+            self._ahead(index + 1, index, here=True)
         try:
             return future.result()
         except BaseException:
@@ -300,8 +302,9 @@ class VerifiedFile(io.RawIOBase):
         if future is not None and future.done() and future.exception() is None and len(self._free) < _HELD:
             self._free.append(future.result())
 
-    def _ahead(self, index: int, current: int) -> None:
-        """Read unit ``index`` on a helper thread, if it is not held, there is room, and reads are not serial."""
+    def _ahead(self, index: int, current: int, *, here: bool = False) -> None:
+        """Read unit ``index`` on a helper thread (``here``: on this one), if it is not held, there is
+        room, and reads are not serial."""
         if self._serial or index >= len(self._digests) or index in self._held or not self._room(current, ahead=True):
             return
         if self._pool is None:
@@ -315,9 +318,12 @@ class VerifiedFile(io.RawIOBase):
             try:
                 future.set_result(self._load(index, buffer, stop))
             except BaseException as exc:
-                future.set_exception(exc)
+                if here and not isinstance(exc, Exception):  # Ctrl-C on this thread is the caller's
+                    self._drop(index)
+                    raise
+                future.set_exception(exc)  # the unit's own failure: raised when it is read
 
-        self._pool.submit(run)
+        run() if here else self._pool.submit(run)
 
     def _spool_fd(self) -> int:
         """The spool, once the whole file verified into it."""

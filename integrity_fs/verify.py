@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import storage
 from .errors import FileChangedError, IntegrityError, ManifestError, ManifestNotFoundError, SignatureError
-from .hashing import Unit, check_signable, chunk_range, combine, plan_units
+from .hashing import Unit, check_signable, chunk_range, combine, is_crc, plan_units
 from .manifest import MANIFEST_FILENAME, Manifest, check_name
 from .options import SealOptions, VerifyOptions
 from .report import Problem, Report, printable, shortened
@@ -312,7 +312,10 @@ def hash_units(
             )
         return out
 
-    results = run_parallel(task, tasks, workers_for(fs, max_workers), stop)
+    workers = workers_for(fs, max_workers)
+    if max_workers is None and is_crc(algorithm) and all(u.length <= _SMALL for u in todo):
+        workers = 1  # a small file's CRC costs less than the Python around it, which a second thread only contends for
+    results = run_parallel(task, tasks, workers, stop)
     return {
         unit: digest
         for batch, digests in zip(tasks, results, strict=True)
