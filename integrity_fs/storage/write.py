@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..hashing import StreamDigest
@@ -23,6 +24,7 @@ from .urls import describe, is_local, is_s3, parent
 
 __all__ = ["LocalTree", "Writer", "fsync_dir", "remove", "write_atomic"]
 
+_SIDE_BY_SIDE = 1024 * 1024  # writes at least this large are hashed beside the write
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -198,6 +200,7 @@ class Writer:
         self._upload = s3.Upload(fs, path, algorithm) if self._part is not None else None
         self._buffer = bytearray()
         self._stream: Any = None
+        self._hasher: ThreadPoolExecutor | None = None
         if self._upload is None:
             self._open()
 
@@ -212,11 +215,22 @@ class Writer:
                 self._stream = self.fs.open(self.path, "wb")
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.digest.update(data)
-        self.size += len(memoryview(data).cast("B"))
+        size = len(memoryview(data).cast("B"))
+        if self._stream is not None and size >= _SIDE_BY_SIDE and self.digest.algorithm == "sha256":
+            if self._hasher is None:  # SHA-256 costs more than the write: both at once, on the caller's bytes
+                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="integrity_fs-hash")
+            hashed = self._hasher.submit(self.digest.update, data)
+        else:
+            self.digest.update(data)
+            hashed = None
+        self.size += size
         if self._stream is not None:
-            with storage_errors(f"writing {describe(self.fs, self.path)}"):
-                self._stream.write(data)
+            try:
+                with storage_errors(f"writing {describe(self.fs, self.path)}"):
+                    self._stream.write(data)
+            finally:
+                if hashed is not None:
+                    hashed.result()  # the caller's bytes are theirs again only once both are done
             return
         assert self._upload is not None
         self._buffer += data
@@ -234,6 +248,7 @@ class Writer:
 
     def close(self) -> tuple[str, ...]:
         """Commit the file; its unit digests."""
+        self._let_go()
         digest = self.digest
         digests = digest.digests()
         if self._stream is not None:
@@ -251,6 +266,7 @@ class Writer:
 
     def abort(self) -> None:
         """Drop what was written: a multipart upload aborted, a local file removed."""
+        self._let_go()
         if self._upload is not None:
             self._upload.abort()
         if self._stream is not None:
@@ -259,6 +275,12 @@ class Writer:
                 discard() if discard is not None else self._stream.close()
             if is_local(self.fs) and self._tree is not None:
                 self._tree.unlink(self._rel)
+
+
+    def _let_go(self) -> None:
+        if self._hasher is not None:
+            self._hasher.shutdown()
+            self._hasher = None
 
 
 def remove(fs: Any, paths: list[str]) -> None:
