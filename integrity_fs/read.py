@@ -1,13 +1,15 @@
 """open: a file of a sealed checkpoint that returns only verified bytes, each read once.
 
 The file is read in its manifest's units (a chunk, or the whole file). A unit is read through the
-pinned reader into a new ``bytes`` object, hashed, and compared with the manifest; only then is
-it kept, and only kept units are served. A kept unit is never written to again: whatever happens
-meanwhile (read-ahead, a seek back, another thread, ``close``), bytes served are bytes that
-verified. At most three units are kept; when a file is read in order, the next unit is read
-ahead on a helper thread, and a reader that has to wait for it reads the one after meanwhile. ``readinto`` of a buffer that covers whole units reads them into the
-buffer itself and hashes them there; it returns only once every one of them matched (on a
-failure it raises, and the buffer's content is undefined, as after any failed read).
+pinned reader into a buffer of its own, hashed, and compared with the manifest; only then is it
+kept, and only kept units are served. A kept unit is never written to while it is kept: whatever
+happens meanwhile (read-ahead, a seek back, another thread, ``close``), bytes served are bytes
+that verified; a dropped unit's buffer is filled again only after every read copied out of it
+under the file's lock. At most three units are kept; when a file is read in order, the next unit
+is read ahead on a helper thread, and a reader that has to wait for it reads the one after
+meanwhile. ``readinto`` of a buffer that covers whole units reads them into the buffer itself and
+hashes them there; it returns only once every one of them matched (on a failure it raises, and
+the buffer's content is undefined, as after any failed read).
 
 A file of file granularity over 64 MiB is verified first into a private spool (an unlinked
 temporary file) and then served from there: one read of the store, pinned to one version.

@@ -276,7 +276,6 @@ class Writer:
             if is_local(self.fs) and self._tree is not None:
                 self._tree.unlink(self._rel)
 
-
     def _let_go(self) -> None:
         if self._hasher is not None:
             self._hasher.shutdown()
