@@ -369,7 +369,13 @@ def check(fs: Any, root: str, options: VerifyOptions) -> Report:
     )
     report = finish(plan, digests)
     if not report.ok:
-        raise IntegrityError(report, plan.location)
+        error = IntegrityError(report, plan.location)
+        every = len(report.problems) == report.files_checked and all(p.kind == "mismatch" for p in report.problems)
+        source, sums = options.manifest, plan.manifest.algorithm == "sha256" and options.manifest_format == "auto"
+        if every and sums and isinstance(source, (str, os.PathLike)):  # b3sum's lines look exactly like sha256sum's
+            listed = printable(os.fspath(source))
+            error.add_note(f"every file differs from {listed}: if b3sum wrote it, pass manifest_format='b3sum'")
+        raise error
     log_done("verified", plan.location, report.files_checked, report.bytes_checked, started)
     return report
 
