@@ -120,7 +120,7 @@ class _HashingFileSystem(FileSystem):
         tree = storage.LocalTree(self.root, create=True) if storage.is_local(self.fs) else None
         try:
             writer = storage.Writer(
-                self.fs, storage.join(self.root, name), self._options.algorithm, chunk, tree=tree, rel=name
+                self.fs, storage.join(self.root, name), self._options.algorithm, chunk, tree=tree, rel=name, beside=True
             )
             try:
                 yield _HashingStream(writer)

@@ -75,7 +75,7 @@ def new_hasher(algorithm: str) -> Hasher:
             from blake3 import blake3
         except ImportError:
             raise NotImplementedError(f"hash algorithm 'blake3' needs the blake3 package: {_HINTS['blake3']}") from None
-        hasher: Hasher = blake3(max_threads=blake3.AUTO)  # type: ignore[assignment]  # update returns itself
+        hasher: Hasher = blake3()  # type: ignore[assignment]  # one thread: units are spread over the caller's pool
         return hasher
     if algorithm in _CRC_BYTES:
         return _Crc(getattr(_crc_module(), algorithm), _CRC_BYTES[algorithm])

@@ -313,7 +313,7 @@ def hash_units(
         return out
 
     workers = workers_for(fs, max_workers)
-    if max_workers is None and is_crc(algorithm) and all(u.length <= _SMALL for u in todo):
+    if max_workers is None and storage.is_local(fs) and is_crc(algorithm) and all(u.length <= _SMALL for u in todo):
         workers = 1  # a small file's CRC costs less than the Python around it, which a second thread only contends for
     results = run_parallel(task, tasks, workers, stop)
     return {

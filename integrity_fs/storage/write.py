@@ -177,10 +177,11 @@ class LocalTree:
 
 
 class Writer:
-    """One file written while it is hashed (``digest``: one digest, or one per chunk). On S3 with
-    a checksum S3 keeps, the bytes go up with it in an attestable layout (held in memory one part
-    at a time); otherwise as a plain stream. Local files are created in ``tree`` (at ``rel``) and
-    fsynced on close. ``size``: the file's size when known (it picks S3's layout)."""
+    """One file written while it is hashed (``digest``: one digest, or one per chunk). On S3 with a
+    checksum S3 keeps, the bytes go up with it in an attestable layout (held in memory one part at a
+    time); otherwise as a plain stream. Local files are created in ``tree`` (at ``rel``) and fsynced
+    on close. ``size``: the file's size when known (it picks S3's layout). ``beside``: a lone writer
+    (DCP's) whose large SHA-256 writes are hashed on a helper thread beside the write."""
 
     def __init__(
         self,
@@ -192,8 +193,9 @@ class Writer:
         tree: LocalTree | None = None,
         rel: str = "",
         size: int | None = None,
+        beside: bool = False,
     ) -> None:
-        self.fs, self.path, self._tree, self._rel = fs, path, tree, rel
+        self.fs, self.path, self._tree, self._rel, self._beside = fs, path, tree, rel, beside
         self.size = 0
         self.digest = StreamDigest(algorithm, chunk_size)
         self._part = s3.layout(fs, algorithm, chunk_size, size) if is_s3(fs) else None
@@ -216,7 +218,7 @@ class Writer:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         size = len(memoryview(data).cast("B"))
-        if self._stream is not None and size >= _SIDE_BY_SIDE and self.digest.algorithm == "sha256":
+        if self._beside and self._stream is not None and size >= _SIDE_BY_SIDE and self.digest.algorithm == "sha256":
             if self._hasher is None:  # SHA-256 costs more than the write: both at once, on the caller's bytes
                 self._hasher = ThreadPoolExecutor(1, thread_name_prefix="integrity_fs-hash")
             hashed = self._hasher.submit(self.digest.update, data)
