@@ -140,6 +140,12 @@ class _HashingFileSystem(FileSystem):
             raise self.failure
         return self.written
 
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        if storage.is_local(self.fs) and os.path.islink(path):  # the link itself (older fsspec follows it)
+            os.unlink(path)
+        else:
+            super().rm_file(path)
+
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
         with self._lock:

@@ -169,6 +169,9 @@ def remove_tree(fs: Any, path: str) -> None:
             shutil.rmtree(path)
         return
     with storage.storage_errors(f"deleting {storage.describe(fs, path)}"):
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(path, recursive=True)
+        if storage.is_s3(fs):
+            storage.s3.remove_prefix(fs, path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(path, recursive=True)
         storage.forget(fs, path)

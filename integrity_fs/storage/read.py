@@ -201,7 +201,7 @@ def read_blocks(
                         data = bytes(fs.cat_file(path, start=start, end=end))
                 except FileNotFoundError as exc:
                     raise _changed(fs, path, "it is gone") from exc
-                except OSError as exc:
+                except Exception as exc:  # gcsfs before 2024.12 raises its 412 as a plain HttpError
                     if pin and precondition_failed(exc):
                         raise _changed(fs, path, f"the store holds another version than {pin}") from exc
                     raise

@@ -214,3 +214,24 @@ def attributes(fs: Any, paths: Iterable[str]) -> dict[str, dict[str, Checksum]]:
     with storage_errors(f"reading the checksums of {len(paths)} objects"):
         results = sync(fs.loop, _run_coros_in_chunks, [one(p) for p in paths], batch_size=16)
     return dict(zip(paths, results, strict=True))
+
+
+def remove_prefix(fs: Any, path: str) -> None:
+    """Delete every object under the folder ``path``, its folder markers (zero-byte ``name/``
+    objects) included, in S3's own batches: s3fs before 2025 strips the "/" from the keys it
+    deletes, so its ``rm(recursive=True)`` leaves the markers behind."""
+    bucket, key = split(fs, path)
+
+    async def run() -> None:
+        client = await fs.set_session()
+        async for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key.rstrip("/") + "/"):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                out = await fs._call_s3("delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                if out.get("Errors"):
+                    first = out["Errors"][0]
+                    raise OSError(
+                        f"S3 refused to delete {len(out['Errors'])} objects, {first.get('Key')}: {first.get('Message')}"
+                    )
+
+    sync(fs.loop, run)

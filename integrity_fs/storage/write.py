@@ -16,11 +16,13 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fsspec.asyn import sync
+
 from ..hashing import StreamDigest
 from . import s3
 from .errors import storage_errors
 from .listing import TEMP_PREFIX, forget
-from .urls import describe, is_local, is_s3, parent
+from .urls import describe, is_gcs, is_local, is_s3, parent
 
 __all__ = ["LocalTree", "Writer", "fsync_dir", "remove", "write_atomic"]
 
@@ -274,7 +276,11 @@ class Writer:
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 discard = getattr(self._stream, "discard", None)
-                discard() if discard is not None else self._stream.close()
+                if discard is None:
+                    self._stream.close()
+                else:  # fsspec's buffered file: dropped, and marked closed so that no __del__ commits it
+                    discard()  # (gcsfs's leaves a file whose upload has not begun open)
+                    self._stream.closed = True
             if is_local(self.fs) and self._tree is not None:
                 self._tree.unlink(self._rel)
 
@@ -282,6 +288,10 @@ class Writer:
         if self._hasher is not None:
             self._hasher.shutdown()
             self._hasher = None
+
+
+def _gone(exc: Exception) -> bool:
+    return isinstance(exc, FileNotFoundError) or "No such object" in str(exc)
 
 
 def remove(fs: Any, paths: list[str]) -> None:
@@ -300,5 +310,12 @@ def remove(fs: Any, paths: list[str]) -> None:
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm_file(path)
+        except TypeError as exc:  # gcsfs before 2026.3 on Google sums a batch that failed whole into a TypeError:
+            if not (is_gcs(fs) and "concatenate list" in str(exc)):  # ask again, batch by batch, for the store's answer
+                raise
+            for i in range(0, len(paths), 20):
+                for outcome in sync(fs.loop, fs._rm_files, paths[i : i + 20]):
+                    if isinstance(outcome, Exception) and not _gone(outcome):
+                        raise outcome from exc
         for path in paths:
             forget(fs, path)
