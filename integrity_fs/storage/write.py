@@ -290,7 +290,7 @@ class Writer:
             self._hasher = None
 
 
-def _gone(exc: Exception) -> bool:
+def _already_gone(exc: Exception) -> bool:
     return isinstance(exc, FileNotFoundError) or "No such object" in str(exc)
 
 
@@ -315,7 +315,7 @@ def remove(fs: Any, paths: list[str]) -> None:
                 raise
             for i in range(0, len(paths), 20):
                 for outcome in sync(fs.loop, fs._rm_files, paths[i : i + 20]):
-                    if isinstance(outcome, Exception) and not _gone(outcome):
+                    if isinstance(outcome, Exception) and not _already_gone(outcome):
                         raise outcome from exc
         for path in paths:
             forget(fs, path)
